@@ -1,0 +1,19 @@
+"""Fixtures for sampler tests: a sampler over the tiny model, one per test module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from agl_bridge.sampler.hf import HFSampler
+
+
+@pytest.fixture(scope="module")
+def sampler(tiny_model_dir: Path, tiny_tokenizer) -> Iterator[HFSampler]:
+    """A sampler over a fresh copy of the tiny model (tests that swap weights get their own)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with HFSampler(model, tiny_tokenizer, seed=0) as sampler:
+        yield sampler
