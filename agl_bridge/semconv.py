@@ -1,0 +1,155 @@
+"""The one list of span names, span attribute keys, HTTP headers and environment variables.
+
+Every module that writes or reads a span, a routing header or an `AGL_*` variable takes the name
+from here, so that the proxy, the tracing processor, the OTLP receiver and the converter cannot
+drift apart (a renamed key silently turning into "no spans found" is the failure this prevents).
+
+Attribute keys follow the OpenTelemetry GenAI semantic conventions where one exists
+(`gen_ai.*`); everything the conventions do not cover (token ids, logprobs, rollout routing,
+rewards) lives under our own `agl.` prefix.
+
+Value encodings of our attributes (OTel attributes are flat scalars or homogeneous arrays):
+  - token id lists and logprob lists are native OTel arrays (int / float sequences);
+  - structured values (`agl.request.messages`, `agl.prefix_breaks`) are JSON strings;
+  - `agl.call.kind` is `CALL_KIND_TOKEN` or `CALL_KIND_TEXT`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- span names ---------------------------------------------------------------------------------
+
+SPAN_LLM_CALL: Final = "agl.llm_call"
+"""One span per LLM call served through the proxy (or reported by an instrumented client)."""
+
+SPAN_REWARD: Final = "agl.reward"
+"""One span per `emit_reward(...)`."""
+
+SPAN_ROLLOUT: Final = "agl.rollout"
+"""Optional parent span the runner opens around one attempt of one rollout."""
+
+SPAN_NAMES: Final = frozenset({SPAN_LLM_CALL, SPAN_REWARD, SPAN_ROLLOUT})
+"""Every span name agl_bridge writes; spans with other names are not ours."""
+
+# --- OpenTelemetry GenAI semantic-convention keys -----------------------------------------------
+
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+"""The GenAI operation, e.g. `GEN_AI_OPERATION_CHAT`."""
+
+GEN_AI_OPERATION_CHAT: Final = "chat"
+"""Value of `gen_ai.operation.name` for chat completions."""
+
+GEN_AI_SYSTEM: Final = "gen_ai.system"
+"""The provider, older convention name (kept for readers of older spans and tools)."""
+
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+"""The provider, current convention name (replaces `gen_ai.system`)."""
+
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+"""The model name the client asked for."""
+
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+"""The model name that actually answered."""
+
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+"""The completion id returned to the client."""
+
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+"""Array of finish reasons, one per choice (OpenAI vocabulary: stop, length, tool_calls, ...)."""
+
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+"""Prompt tokens consumed."""
+
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+"""Tokens produced."""
+
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+"""The client's max_tokens."""
+
+GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+"""The client's sampling temperature."""
+
+GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+"""The client's nucleus sampling mass."""
+
+GEN_AI_REQUEST_SEED: Final = "gen_ai.request.seed"
+"""The client's sampling seed."""
+
+# --- agl_bridge keys ----------------------------------------------------------------------------
+
+AGL_ROLLOUT_ID: Final = "agl.rollout_id"
+"""The rollout a span belongs to (absent for calls made outside any rollout)."""
+
+AGL_ATTEMPT_ID: Final = "agl.attempt_id"
+"""The attempt of that rollout a span belongs to."""
+
+AGL_SEQUENCE: Final = "agl.sequence"
+"""Store-allocated order number within (rollout, attempt); ordering never uses wall clocks."""
+
+AGL_CHOICE_INDEX: Final = "agl.choice_index"
+"""Which of the n choices of one request this span records (0 for n=1)."""
+
+AGL_CALL_KIND: Final = "agl.call.kind"
+"""`CALL_KIND_TOKEN` (exact token ids recorded) or `CALL_KIND_TEXT` (text only)."""
+
+CALL_KIND_TOKEN: Final = "token"
+"""A call served by our token sampler: token ids and logprobs are exact."""
+
+CALL_KIND_TEXT: Final = "text"
+"""A call to a model that gives no token ids: only text is recorded; not trainable."""
+
+AGL_PROMPT_TOKEN_IDS: Final = "agl.prompt_token_ids"
+"""Int array: the prompt token ids exactly as the sampler consumed them."""
+
+AGL_RESPONSE_TOKEN_IDS: Final = "agl.response_token_ids"
+"""Int array: the sampled token ids."""
+
+AGL_RESPONSE_LOGPROBS: Final = "agl.response_logprobs"
+"""Float array: the sampler's logprob of each sampled token."""
+
+AGL_POLICY_VERSION: Final = "agl.policy_version"
+"""Int: the oldest policy version that produced any sampled token of this call."""
+
+AGL_TOKEN_POLICY_VERSIONS: Final = "agl.token_policy_versions"
+"""Int array: the policy version that produced each sampled token (weights can swap mid-call)."""
+
+AGL_REQUEST_MESSAGES: Final = "agl.request.messages"
+"""JSON string: the chat messages of the request."""
+
+AGL_RESPONSE_TEXT: Final = "agl.response.text"
+"""The decoded response text returned to the client."""
+
+AGL_PREFIX_BREAKS: Final = "agl.prefix_breaks"
+"""JSON string: where this prompt stopped extending the previous turn's tokens (see chat/)."""
+
+AGL_AGENT_NAME: Final = "agl.agent_name"
+"""Name of the agent (or sub-agent) that made the call, when known."""
+
+AGL_REWARD_NAME: Final = "agl.reward.name"
+"""Name of a reward (several named rewards may be emitted per rollout)."""
+
+AGL_REWARD_VALUE: Final = "agl.reward.value"
+"""Float: the reward value."""
+
+# --- HTTP headers (rollout routing when the URL path cannot carry it) ----------------------------
+
+HEADER_ROLLOUT_ID: Final = "x-rollout-id"
+"""Request header naming the rollout a call belongs to."""
+
+HEADER_ATTEMPT_ID: Final = "x-attempt-id"
+"""Request header naming the attempt a call belongs to."""
+
+# --- environment variables handed to agent processes --------------------------------------------
+
+ENV_ROLLOUT_ID: Final = "AGL_ROLLOUT_ID"
+"""The rollout an agent process is running."""
+
+ENV_ATTEMPT_ID: Final = "AGL_ATTEMPT_ID"
+"""The attempt an agent process is running."""
+
+ENV_ENDPOINT: Final = "AGL_ENDPOINT"
+"""Base URL of the proxy (OpenAI-compatible) the agent should call."""
+
+ENV_TASK: Final = "AGL_TASK"
+"""JSON of the task payload the agent should work on."""

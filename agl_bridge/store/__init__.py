@@ -1,0 +1,31 @@
+"""Persistence of rollouts, attempts, LLM calls and rewards: the async `Store` API and backends."""
+
+from __future__ import annotations
+
+from agl_bridge.store.base import Store
+from agl_bridge.store.errors import (
+    AttemptNotFoundError,
+    DuplicateRecordError,
+    InvalidTransitionError,
+    RolloutNotFoundError,
+    StoreClosedError,
+    StoreError,
+    StoreSchemaError,
+    StoreWriteError,
+)
+from agl_bridge.store.schema import SCHEMA_VERSION
+from agl_bridge.store.sqlite import SQLiteStore
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "AttemptNotFoundError",
+    "DuplicateRecordError",
+    "InvalidTransitionError",
+    "RolloutNotFoundError",
+    "SQLiteStore",
+    "Store",
+    "StoreClosedError",
+    "StoreError",
+    "StoreSchemaError",
+    "StoreWriteError",
+]

@@ -1,0 +1,133 @@
+"""The async store contract every backend implements (SQLite now, Postgres later).
+
+A store holds rollouts and their attempts (with the rollout state machine), allocates sequence
+numbers, and persists LLM calls and rewards. Writes return only once the record is durable;
+reads stream in order so a converter can walk millions of records in bounded memory.
+
+Ordering: records are grouped by (rollout, attempt) and come in ascending `sequence` within each
+group (LLM calls: then `choice_index`). Calls and rewards share a sequence space per
+(rollout, attempt); records outside any rollout share one "no rollout" space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Sequence
+from types import TracebackType
+from typing import Any, Protocol, runtime_checkable
+
+from agl_bridge.types import Attempt, AttemptStatus, LLMCall, Reward, Rollout, RolloutStatus
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Async persistence for rollouts, attempts, LLM calls and rewards."""
+
+    async def open(self) -> None:
+        """Open (creating if needed) the store; raises StoreSchemaError for a foreign/old file."""
+        ...
+
+    async def close(self) -> None:
+        """Commit every write already submitted, then release the store's resources."""
+        ...
+
+    async def __aenter__(self) -> Store:
+        """Open the store and return it."""
+        ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Close the store."""
+        ...
+
+    # --- rollouts and attempts ------------------------------------------------------------------
+
+    async def create_rollout(
+        self,
+        task: Any,
+        *,
+        group_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        rollout_id: str | None = None,
+    ) -> Rollout:
+        """Create a queued rollout of a JSON-able `task`; a fresh id is made when none is given."""
+        ...
+
+    async def get_rollout(self, rollout_id: str) -> Rollout | None:
+        """The rollout with this id, or None."""
+        ...
+
+    async def list_rollouts(
+        self,
+        *,
+        status: RolloutStatus | Iterable[RolloutStatus] | None = None,
+        group_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[Rollout]:
+        """Rollouts in creation order, filtered by status (one or several) and/or group."""
+        ...
+
+    async def set_rollout_status(self, rollout_id: str, status: RolloutStatus) -> Rollout:
+        """Move a rollout along the state machine; InvalidTransitionError if illegal."""
+        ...
+
+    async def start_attempt(self, rollout_id: str) -> Attempt:
+        """Start the next attempt of a queued or running rollout (the rollout becomes running)."""
+        ...
+
+    async def finish_attempt(
+        self,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        error: str | None = None,
+        traceback: str | None = None,
+    ) -> Attempt:
+        """Record a running attempt's outcome (the rollout's own status is set separately)."""
+        ...
+
+    async def get_attempt(self, attempt_id: str) -> Attempt | None:
+        """The attempt with this id, or None."""
+        ...
+
+    async def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        """A rollout's attempts, first to last."""
+        ...
+
+    # --- sequence numbers and records -----------------------------------------------------------
+
+    async def next_sequence(self, rollout_id: str | None, attempt_id: str | None) -> int:
+        """Allocate the next sequence number of (rollout, attempt); durable, never repeated."""
+        ...
+
+    async def add_llm_call(self, call: LLMCall) -> int:
+        """Durably store one call; returns its sequence (allocated if `call.sequence` is None)."""
+        ...
+
+    async def add_llm_calls(self, calls: Sequence[LLMCall]) -> list[int]:
+        """Durably store several calls; returns their sequences in order."""
+        ...
+
+    async def add_reward(self, reward: Reward) -> int:
+        """Durably store one reward; returns its sequence (allocated if `reward.sequence` is None)."""
+        ...
+
+    async def add_rewards(self, rewards: Sequence[Reward]) -> list[int]:
+        """Durably store several rewards; returns their sequences in order."""
+        ...
+
+    def iter_llm_calls(self, rollout_id: str | None = None, attempt_id: str | None = None) -> AsyncIterator[LLMCall]:
+        """Stream the calls of a rollout (or of one attempt; or of all rollouts when None) in order."""
+        ...
+
+    def iter_rewards(self, rollout_id: str | None = None, attempt_id: str | None = None) -> AsyncIterator[Reward]:
+        """Stream the rewards of a rollout (or of one attempt; or of all rollouts when None) in order."""
+        ...
+
+    def iter_all_calls(self) -> AsyncIterator[LLMCall]:
+        """Stream every call, those outside any rollout first, for exports."""
+        ...
+
+    def iter_all_rewards(self) -> AsyncIterator[Reward]:
+        """Stream every reward, those outside any rollout first."""
+        ...

@@ -1,0 +1,72 @@
+"""Errors raised by stores; each message says what was wrong, what was expected and what to do."""
+
+from __future__ import annotations
+
+from agl_bridge.types import InvalidTransitionError
+
+__all__ = [
+    "AttemptNotFoundError",
+    "DuplicateRecordError",
+    "InvalidTransitionError",
+    "RolloutNotFoundError",
+    "StoreClosedError",
+    "StoreError",
+    "StoreSchemaError",
+    "StoreWriteError",
+]
+
+
+class StoreError(Exception):
+    """Base class of every store error."""
+
+
+class StoreSchemaError(StoreError):
+    """The store file is not an agl_bridge store of the schema version this code understands."""
+
+
+class StoreWriteError(StoreError):
+    """A write could not be committed (disk full, file locked, I/O error); nothing was half-written."""
+
+    def __init__(self, path: str, cause: BaseException, what: str = "write") -> None:
+        reason = str(cause) or type(cause).__name__
+        super().__init__(f"could not {what} store {path}: {reason}; {_advice(reason)}")
+        self.path = path
+        self.cause = cause
+
+
+def _advice(reason: str) -> str:
+    lowered = reason.lower()
+    if "full" in lowered:
+        return "free disk space (or raise the store's size limit) and retry; the records were not written"
+    if "locked" in lowered or "busy" in lowered:
+        return (
+            "another process holds a write lock on it for longer than the busy timeout; stop that "
+            "process or raise busy_timeout_s, then retry; the records were not written"
+        )
+    if "readonly" in lowered or "read-only" in lowered:
+        return "make the file and its directory writable by this user and retry"
+    return "check the file system and retry; the records were not written"
+
+
+class StoreClosedError(StoreError):
+    """The store was used before `open()` or after `close()`."""
+
+
+class RolloutNotFoundError(StoreError, LookupError):
+    """No rollout with the given id exists in the store."""
+
+    def __init__(self, rollout_id: str) -> None:
+        super().__init__(f"no rollout {rollout_id!r} in the store; create it with create_rollout() first")
+        self.rollout_id = rollout_id
+
+
+class AttemptNotFoundError(StoreError, LookupError):
+    """No attempt with the given id exists in the store."""
+
+    def __init__(self, attempt_id: str) -> None:
+        super().__init__(f"no attempt {attempt_id!r} in the store; start one with start_attempt() first")
+        self.attempt_id = attempt_id
+
+
+class DuplicateRecordError(StoreError, ValueError):
+    """A record claims a (rollout, attempt, sequence) slot that another record already holds."""

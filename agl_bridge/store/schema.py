@@ -1,0 +1,161 @@
+"""The SQLite schema of a store file, its version, and the check done when a file is opened.
+
+Layout notes:
+  - `rollout_key` / `attempt_key` hold the rollout and attempt ids, with '' standing for "none":
+    calls made outside any rollout share the ('', '') sequence space. Using '' instead of NULL
+    keeps the ordering indexes unique (SQLite treats NULLs as distinct in unique indexes).
+  - Records carry no foreign key to `rollouts`: spans may arrive for rollouts this store did not
+    create (an external runner), and refusing them would lose data (invariant 4).
+  - The unique ordering indexes double as the "indexes on rollout, attempt, sequence" and give
+    streaming reads their order; the partial unique index on `span_id` makes re-delivered spans
+    (an exporter retrying after a lost response) a no-op instead of a duplicate.
+  - `sequences.next` is always greater than every sequence stored for its key.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+SCHEMA_VERSION = 1
+"""Bump when the layout changes; files of another version are refused with StoreSchemaError."""
+
+VERSION_TABLE = "agl_schema_version"
+
+_DDL = f"""
+CREATE TABLE {VERSION_TABLE} (
+    version INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    created_by TEXT NOT NULL
+);
+
+CREATE TABLE rollouts (
+    rollout_id TEXT PRIMARY KEY,
+    group_id TEXT,
+    status TEXT NOT NULL,
+    task TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX rollouts_status ON rollouts(status);
+CREATE INDEX rollouts_group ON rollouts(group_id);
+
+CREATE TABLE attempts (
+    attempt_id TEXT PRIMARY KEY,
+    rollout_id TEXT NOT NULL REFERENCES rollouts(rollout_id),
+    number INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    error TEXT,
+    traceback TEXT,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    UNIQUE (rollout_id, number)
+);
+
+CREATE TABLE sequences (
+    rollout_key TEXT NOT NULL,
+    attempt_key TEXT NOT NULL,
+    next INTEGER NOT NULL,
+    PRIMARY KEY (rollout_key, attempt_key)
+) WITHOUT ROWID;
+
+CREATE TABLE llm_calls (
+    id INTEGER PRIMARY KEY,
+    rollout_key TEXT NOT NULL,
+    attempt_key TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    choice_index INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    model TEXT NOT NULL,
+    prompt_token_ids BLOB NOT NULL,
+    response_token_ids BLOB NOT NULL,
+    response_logprobs BLOB NOT NULL,
+    token_policy_versions BLOB NOT NULL,
+    policy_version INTEGER,
+    messages TEXT NOT NULL,
+    response_text TEXT,
+    finish_reason TEXT,
+    agent_name TEXT,
+    started_at REAL,
+    ended_at REAL,
+    prefix_breaks TEXT NOT NULL,
+    span_id TEXT,
+    trace_id TEXT,
+    input_tokens INTEGER,
+    output_tokens INTEGER
+);
+CREATE UNIQUE INDEX llm_calls_order ON llm_calls(rollout_key, attempt_key, sequence, choice_index);
+CREATE UNIQUE INDEX llm_calls_span ON llm_calls(span_id) WHERE span_id IS NOT NULL;
+
+CREATE TABLE rewards (
+    id INTEGER PRIMARY KEY,
+    rollout_key TEXT NOT NULL,
+    attempt_key TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    value REAL NOT NULL,
+    timestamp REAL NOT NULL,
+    span_id TEXT,
+    trace_id TEXT
+);
+CREATE UNIQUE INDEX rewards_order ON rewards(rollout_key, attempt_key, sequence);
+CREATE UNIQUE INDEX rewards_span ON rewards(span_id) WHERE span_id IS NOT NULL;
+"""
+
+
+class SchemaMismatch(Exception):
+    """Internal: the file is not a store of SCHEMA_VERSION; the message is user-facing."""
+
+
+def ensure_schema(conn: sqlite3.Connection, path: str, created_by: str) -> None:
+    """Create the schema in an empty file, or check the version of an existing store.
+
+    Runs in one IMMEDIATE transaction so that two processes opening a new file at once cannot both
+    create it. Raises SchemaMismatch with a message naming the found and expected versions.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            # executescript() would commit the open transaction, so run the statements one by one.
+            for statement in _DDL.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(
+                f"INSERT INTO {VERSION_TABLE} (version, created_at, created_by) VALUES (?, ?, ?)",
+                (SCHEMA_VERSION, time.time(), created_by),
+            )
+        else:
+            _check_version(conn, path, tables)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _check_version(conn: sqlite3.Connection, path: str, tables: set[str]) -> None:
+    if VERSION_TABLE not in tables:
+        raise SchemaMismatch(
+            f"{path} is a SQLite database but not an agl_bridge store (it has tables "
+            f"{sorted(tables)[:5]} and no {VERSION_TABLE} table); point the store at a new file "
+            "or at a file agl_bridge created"
+        )
+    row = conn.execute(f"SELECT version, created_by FROM {VERSION_TABLE}").fetchone()
+    if row is None:
+        raise SchemaMismatch(f"{path} has an empty {VERSION_TABLE} table; the file is damaged; use a new file")
+    found, created_by = row
+    if found == SCHEMA_VERSION:
+        return
+    if found < SCHEMA_VERSION:
+        advice = (
+            f"it was written by an older agl_bridge ({created_by}); read or export it with that "
+            "version, or start a new store file"
+        )
+    else:
+        advice = f"it was written by a newer agl_bridge ({created_by}); upgrade agl_bridge to open it"
+    raise SchemaMismatch(
+        f"store {path} has schema version {found} but this agl_bridge expects version {SCHEMA_VERSION}; {advice}"
+    )

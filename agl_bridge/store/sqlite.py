@@ -1,0 +1,476 @@
+"""`SQLiteStore`: the default store, one SQLite file in WAL mode, written with group commit.
+
+Durability (invariant 4, "a span accepted with 2xx is durable"): every write call returns only
+after the transaction holding its record has committed. With the default `synchronous="NORMAL"`
+in WAL mode a committed transaction survives a crash of any process (the data is in the WAL file,
+written before COMMIT returns), but the last transactions may be lost — never corrupted — on an OS
+crash or power loss, because the WAL is not fsynced at every commit. That is the trade we take by
+default: it covers the failure the invariant is about (a proxy, runner or trainer process dying)
+and keeps a lone writer's commit at ~0.1 ms. Pass `synchronous="FULL"` to fsync at every commit
+and survive power loss too: measured on a 2-core VM with ext4, a lone writer drops from ~9,000 to
+~1,200 commits/s, but with 64 concurrent writers group commit shares each fsync across the batch
+and ingest drops only ~12%.
+
+Concurrency: all writes of one store object go through one writer thread and one plain sqlite3
+connection (`GroupCommitter` + `SQLiteWriter`), so a whole batch transaction runs as one call on
+that thread (aiosqlite has no public way to do that; one thread hop per statement would cost more
+and let other writes interleave with an open batch). Reads use a separate aiosqlite connection and page through
+results with keyset queries, so a long export neither holds a read transaction open (which would
+stop WAL checkpoints and let the WAL grow) nor loads a table into memory. Several processes may
+open the same file: SQLite's write lock (waited on up to `busy_timeout_s`) serialises their
+transactions, and sequence allocation happens inside the locked transaction, so numbers stay
+unique across processes too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiosqlite
+
+from agl_bridge import __version__
+from agl_bridge.store import sqlite_rollouts
+from agl_bridge.store.codec import encode_json
+from agl_bridge.store.errors import StoreClosedError, StoreError
+from agl_bridge.store.group_commit import GroupCommitter
+from agl_bridge.store.sqlite_rows import (
+    ATTEMPT_SELECT,
+    LLM_CALL_SELECT,
+    NO_ID,
+    REWARD_SELECT,
+    ROLLOUT_SELECT,
+    decode_attempt,
+    decode_llm_call,
+    decode_reward,
+    decode_rollout,
+    encode_llm_call_rest,
+    encode_reward_rest,
+    key_of,
+)
+from agl_bridge.store.sqlite_writer import FuncOp, RecordOp, SequenceOp, SQLiteWriter, WriteOp
+from agl_bridge.types import Attempt, AttemptStatus, LLMCall, Reward, Rollout, RolloutStatus
+
+_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+_CALL_KEY = ("rollout_key", "attempt_key", "sequence", "choice_index")
+_REWARD_KEY = ("rollout_key", "attempt_key", "sequence")
+
+
+class SQLiteStore:
+    """A `Store` in one SQLite file; use as `async with SQLiteStore(path) as store:`.
+
+    path: the database file; created with mode 0600 (parent directories too) if missing.
+    synchronous: "NORMAL" (default; survives process crashes) or "FULL" (also power loss).
+    busy_timeout_s: how long a write waits for another process's write lock before failing with
+      StoreWriteError.
+    max_pending: most writes queued for commit; further writers wait (backpressure). At most
+      `max_pending + 2 * max_batch` records are held in memory (queue, batch committing, next batch).
+    max_batch: most writes committed in one transaction.
+    read_page_size: rows fetched per query while streaming.
+    max_db_bytes: optional size cap; writes past it fail with StoreWriteError ("database or disk
+      is full") instead of filling the disk.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: str = "NORMAL",
+        busy_timeout_s: float = 5.0,
+        max_pending: int = 4096,
+        max_batch: int = 512,
+        read_page_size: int = 256,
+        max_db_bytes: int | None = None,
+    ) -> None:
+        if str(path) in ("", ":memory:"):
+            raise ValueError(
+                "SQLiteStore needs a file path (its reader and writer use separate connections, "
+                "which cannot share an in-memory database); use a temporary file instead"
+            )
+        if read_page_size < 1:
+            raise ValueError(f"read_page_size must be >= 1, got {read_page_size}")
+        self.path = str(path)
+        self._busy_timeout_s = busy_timeout_s
+        self._max_pending = max_pending
+        self._max_batch = max_batch
+        self._page = read_page_size
+        self._writer = SQLiteWriter(
+            self.path,
+            synchronous=synchronous.upper(),
+            busy_timeout_s=busy_timeout_s,
+            max_db_bytes=max_db_bytes,
+            created_by=f"agl_bridge {__version__}",
+        )
+        self._executor: ThreadPoolExecutor | None = None
+        self._committer: GroupCommitter[WriteOp] | None = None
+        self._reader: aiosqlite.Connection | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Create or open the file, check its schema version, start the writer."""
+        if self._committer is not None:
+            return
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        loop = asyncio.get_running_loop()
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agl-store-writer")
+        reader: aiosqlite.Connection | None = None
+        try:
+            await loop.run_in_executor(executor, self._writer.connect)
+            reader = await aiosqlite.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
+            await reader.execute("PRAGMA query_only = ON")
+        except BaseException:
+            if reader is not None:
+                await reader.close()
+            await loop.run_in_executor(executor, self._writer.close)
+            executor.shutdown(wait=True)
+            raise
+        self._executor = executor
+        self._reader = reader
+        self._committer = GroupCommitter(
+            self._writer.apply_batch,
+            executor,
+            max_pending=self._max_pending,
+            max_batch=self._max_batch,
+            name=f"store {self.path}",
+        )
+        self._committer.start()
+
+    async def close(self) -> None:
+        """Commit every submitted write, then close both connections and the writer thread."""
+        committer, self._committer = self._committer, None
+        if committer is None:
+            return
+        await committer.close()
+        if self._reader is not None:
+            await self._reader.close()
+            self._reader = None
+        if self._executor is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._writer.close)
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    async def __aenter__(self) -> SQLiteStore:
+        """Open the store and return it."""
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Close the store."""
+        await self.close()
+
+    @property
+    def pending_writes(self) -> int:
+        """Writes held in memory awaiting commit (at most max_pending + 2 * max_batch)."""
+        return 0 if self._committer is None else self._committer.pending
+
+    @property
+    def write_stats(self) -> dict[str, int]:
+        """Transactions and operations committed since open (for benchmarks and monitoring)."""
+        if self._committer is None:
+            return {"batches": 0, "ops": 0}
+        return {"batches": self._committer.batches_committed, "ops": self._committer.ops_committed}
+
+    # --- rollouts and attempts ------------------------------------------------------------------
+
+    async def create_rollout(
+        self,
+        task: Any,
+        *,
+        group_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        rollout_id: str | None = None,
+    ) -> Rollout:
+        """Create a queued rollout of a JSON-able `task`; a fresh time-ordered id when none is given."""
+        if rollout_id is None:
+            rollout_id = new_id("ro")
+        elif not isinstance(rollout_id, str) or not _ID_PATTERN.fullmatch(rollout_id):
+            raise ValueError(
+                f"rollout_id must be 1-128 letters, digits, '.', '_', ':' or '-' (it appears in URL "
+                f"paths), starting with a letter or digit; got {rollout_id!r}"
+            )
+        if group_id is not None and (not isinstance(group_id, str) or not group_id):
+            raise ValueError(f"group_id must be a non-empty string or None, got {group_id!r}")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ValueError(f"metadata must be a dict or None, got {metadata!r}")
+        task_json = encode_json("task", task)
+        metadata_json = encode_json("metadata", metadata or {})
+        fn = partial(
+            sqlite_rollouts.create_rollout,
+            rollout_id=rollout_id,
+            task_json=task_json,
+            group_id=group_id,
+            metadata_json=metadata_json,
+            now=time.time(),
+        )
+        return await self._submit(FuncOp(fn))
+
+    async def get_rollout(self, rollout_id: str) -> Rollout | None:
+        """The rollout with this id, or None."""
+        rows = await self._fetch(f"SELECT {ROLLOUT_SELECT} FROM rollouts WHERE rollout_id = ?", (rollout_id,))
+        return decode_rollout(rows[0]) if rows else None
+
+    async def list_rollouts(
+        self,
+        *,
+        status: RolloutStatus | Iterable[RolloutStatus] | None = None,
+        group_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[Rollout]:
+        """Rollouts in creation order, filtered by status (one or several) and/or group."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        if status is not None:
+            statuses = [status] if isinstance(status, (str, RolloutStatus)) else list(status)
+            values = [RolloutStatus(s).value for s in statuses]
+            if not values:
+                return []
+            clauses.append(f"status IN ({', '.join('?' for _ in values)})")
+            params.extend(values)
+        if group_id is not None:
+            clauses.append("group_id = ?")
+            params.append(group_id)
+        sql = f"SELECT {ROLLOUT_SELECT} FROM rollouts"
+        if clauses:
+            sql += " WHERE " + " AND ".join(clauses)
+        sql += " ORDER BY rowid"
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+                raise ValueError(f"limit must be an integer >= 0 or None, got {limit!r}")
+            sql += " LIMIT ?"
+            params.append(limit)
+        return [decode_rollout(row) for row in await self._fetch(sql, params)]
+
+    async def set_rollout_status(self, rollout_id: str, status: RolloutStatus) -> Rollout:
+        """Move a rollout along queued → running → succeeded|failed|timed_out (or running → queued).
+
+        Raises InvalidTransitionError naming both statuses if the move is illegal, and
+        RolloutNotFoundError for an unknown id.
+        """
+        status = RolloutStatus(status)
+        fn = partial(sqlite_rollouts.set_rollout_status, rollout_id=rollout_id, status=status, now=time.time())
+        return await self._submit(FuncOp(fn))
+
+    async def start_attempt(self, rollout_id: str) -> Attempt:
+        """Start the next attempt (fresh "at-…" id, numbers from 1) of a queued or running rollout."""
+        attempt_id = new_id("at")
+        fn = partial(sqlite_rollouts.start_attempt, rollout_id=rollout_id, attempt_id=attempt_id, now=time.time())
+        return await self._submit(FuncOp(fn))
+
+    async def finish_attempt(
+        self,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        error: str | None = None,
+        traceback: str | None = None,
+    ) -> Attempt:
+        """Record a running attempt's outcome and error text; the rollout's status is set separately."""
+        status = AttemptStatus(status)
+        if not status.is_final:
+            raise ValueError(
+                f"finish_attempt needs a final status (succeeded, failed or timed_out), got {status.value!r}"
+            )
+        fn = partial(
+            sqlite_rollouts.finish_attempt,
+            attempt_id=attempt_id,
+            status=status,
+            error=error,
+            traceback=traceback,
+            now=time.time(),
+        )
+        return await self._submit(FuncOp(fn))
+
+    async def get_attempt(self, attempt_id: str) -> Attempt | None:
+        """The attempt with this id, or None."""
+        rows = await self._fetch(f"SELECT {ATTEMPT_SELECT} FROM attempts WHERE attempt_id = ?", (attempt_id,))
+        return decode_attempt(rows[0]) if rows else None
+
+    async def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        """A rollout's attempts, first to last."""
+        rows = await self._fetch(
+            f"SELECT {ATTEMPT_SELECT} FROM attempts WHERE rollout_id = ? ORDER BY number", (rollout_id,)
+        )
+        return [decode_attempt(row) for row in rows]
+
+    # --- sequence numbers and records -----------------------------------------------------------
+
+    async def next_sequence(self, rollout_id: str | None, attempt_id: str | None) -> int:
+        """Allocate the next sequence of (rollout, attempt) (None, None: the "no rollout" space).
+
+        Numbers start at 0, only increase, are never handed out twice (across processes too) and
+        are committed before this returns. They may have gaps.
+        """
+        if attempt_id is not None and rollout_id is None:
+            raise ValueError(f"attempt_id {attempt_id!r} was given without a rollout_id; pass both or neither")
+        rollout_key, attempt_key = key_of(rollout_id, attempt_id)
+        return await self._submit(SequenceOp(rollout_key, attempt_key))
+
+    async def add_llm_call(self, call: LLMCall) -> int:
+        """Durably store one call; returns its sequence (allocated if `call.sequence` is None).
+
+        A call whose `span_id` is already stored is not stored again (re-delivered span); the
+        stored call's sequence is returned. DuplicateRecordError if another call already holds
+        the same (rollout, attempt, sequence, choice_index).
+        """
+        return await self._submit(_call_op(call))
+
+    async def add_llm_calls(self, calls: Sequence[LLMCall]) -> list[int]:
+        """Durably store several calls; returns their sequences in order.
+
+        Each call is committed on its own merits: if one fails, the others are still stored and
+        the first failure is raised once all have been processed.
+        """
+        ops = [_call_op(call) for call in calls]
+        return await self._submit_many(ops)
+
+    async def add_reward(self, reward: Reward) -> int:
+        """Durably store one reward; returns its sequence (allocated if `reward.sequence` is None)."""
+        return await self._submit(_reward_op(reward))
+
+    async def add_rewards(self, rewards: Sequence[Reward]) -> list[int]:
+        """Durably store several rewards; returns their sequences in order (see add_llm_calls)."""
+        ops = [_reward_op(reward) for reward in rewards]
+        return await self._submit_many(ops)
+
+    async def iter_llm_calls(
+        self, rollout_id: str | None = None, attempt_id: str | None = None
+    ) -> AsyncIterator[LLMCall]:
+        """Stream calls in (rollout, attempt, sequence, choice_index) order.
+
+        rollout_id and attempt_id given: that attempt's calls; rollout_id only: every attempt of
+        that rollout; neither: every call that belongs to a rollout (see iter_all_calls for
+        calls outside rollouts too).
+        """
+        fixed = _leading_key(rollout_id, attempt_id)
+        async for row in self._stream("llm_calls", LLM_CALL_SELECT, _CALL_KEY, fixed, attributed_only=True):
+            yield decode_llm_call(row)
+
+    async def iter_rewards(
+        self, rollout_id: str | None = None, attempt_id: str | None = None
+    ) -> AsyncIterator[Reward]:
+        """Stream rewards in (rollout, attempt, sequence) order; filters as in iter_llm_calls."""
+        fixed = _leading_key(rollout_id, attempt_id)
+        async for row in self._stream("rewards", REWARD_SELECT, _REWARD_KEY, fixed, attributed_only=True):
+            yield decode_reward(row)
+
+    async def iter_all_calls(self) -> AsyncIterator[LLMCall]:
+        """Stream every call, those outside any rollout first, for exports."""
+        async for row in self._stream("llm_calls", LLM_CALL_SELECT, _CALL_KEY, (), attributed_only=False):
+            yield decode_llm_call(row)
+
+    async def iter_all_rewards(self) -> AsyncIterator[Reward]:
+        """Stream every reward, those outside any rollout first."""
+        async for row in self._stream("rewards", REWARD_SELECT, _REWARD_KEY, (), attributed_only=False):
+            yield decode_reward(row)
+
+    # --- internals --------------------------------------------------------------------------------
+
+    def _require_committer(self) -> GroupCommitter[WriteOp]:
+        if self._committer is None:
+            raise StoreClosedError(
+                f"store {self.path} is not open; use `async with store:` or `await store.open()` first"
+            )
+        return self._committer
+
+    async def _submit(self, op: WriteOp) -> Any:
+        return await self._require_committer().submit(op)
+
+    async def _submit_many(self, ops: Sequence[WriteOp]) -> list[Any]:
+        return await self._require_committer().submit_many(ops)
+
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        reader = self._reader
+        if reader is None:
+            raise StoreClosedError(
+                f"store {self.path} is not open; use `async with store:` or `await store.open()` first"
+            )
+        try:
+            return list(await reader.execute_fetchall(sql, params))
+        except sqlite3.Error as exc:
+            raise StoreError(f"could not read store {self.path}: {exc}") from exc
+
+    async def _stream(
+        self, table: str, select: str, key: tuple[str, ...], fixed: Sequence[str], *, attributed_only: bool
+    ) -> AsyncIterator[Sequence[Any]]:
+        # Keyset pagination over the ordering index `key`. `fixed` holds values for the leading
+        # key columns (a rollout, or a rollout and attempt). Each page is its own short query that
+        # resumes after the last key seen, phrased as "leading columns = fixed values AND (the
+        # other key columns) > (last values)" so SQLite seeks straight to the resume point in the
+        # index instead of filtering from the start (which would make a long walk quadratic).
+        # Rows added during the walk that sort after the cursor are included.
+        n_fixed = len(fixed)
+        equal = [f"{column} = ?" for column in key[:n_fixed]]
+        rest = key[n_fixed:]
+        order = ", ".join(key)
+        after = f"({', '.join(rest)}) > ({', '.join('?' for _ in rest)})"
+        last: Sequence[Any] | None = None
+        while True:
+            where = list(equal)
+            args: list[Any] = list(fixed)
+            if last is not None:
+                where.append(after)
+                args.extend(last[n_fixed:])
+            elif attributed_only and n_fixed == 0:
+                where.append("rollout_key > ?")  # first page only: later pages resume past it
+                args.append(NO_ID)
+            sql = f"SELECT {select} FROM {table}"
+            if where:
+                sql += " WHERE " + " AND ".join(where)
+            sql += f" ORDER BY {order} LIMIT ?"
+            args.append(self._page)
+            rows = await self._fetch(sql, args)
+            for row in rows:
+                yield row
+            if len(rows) < self._page:
+                return
+            last = rows[-1][: len(key)]
+
+
+def new_id(prefix: str) -> str:
+    """A fresh id like "ro-0192f3a4b5c6d7e8f9a0b1c2": creation time in ms, then 48 random bits.
+
+    Time first so that ids made together sort together: the records of the rollouts running at
+    one moment then land in neighbouring index pages, which made inserts about 40% cheaper than
+    with purely random ids in our measurements. The random part keeps ids unique across processes.
+    """
+    return f"{prefix}-{time.time_ns() // 1_000_000:012x}{secrets.token_hex(6)}"
+
+
+def _leading_key(rollout_id: str | None, attempt_id: str | None) -> tuple[str, ...]:
+    """Values of the leading ordering-key columns a stream is restricted to."""
+    if rollout_id is None:
+        if attempt_id is not None:
+            raise ValueError(
+                f"attempt_id {attempt_id!r} was given without its rollout_id; pass the rollout_id too"
+            )
+        return ()
+    if attempt_id is None:
+        return (rollout_id,)
+    return (rollout_id, attempt_id)
+
+
+def _call_op(call: LLMCall) -> RecordOp:
+    if not isinstance(call, LLMCall):
+        raise TypeError(f"expected an LLMCall record, got {type(call).__name__}")
+    rollout_key, attempt_key = key_of(call.rollout_id, call.attempt_id)
+    return RecordOp(True, rollout_key, attempt_key, call.sequence, call.span_id, encode_llm_call_rest(call))
+
+
+def _reward_op(reward: Reward) -> RecordOp:
+    if not isinstance(reward, Reward):
+        raise TypeError(f"expected a Reward record, got {type(reward).__name__}")
+    rollout_key, attempt_key = key_of(reward.rollout_id, reward.attempt_id)
+    return RecordOp(False, rollout_key, attempt_key, reward.sequence, reward.span_id, encode_reward_rest(reward))

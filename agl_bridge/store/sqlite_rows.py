@@ -1,0 +1,220 @@
+"""Records ⇄ SQLite rows: the column lists and the encoders/decoders between them.
+
+Encoding happens in the caller's task before a record is queued, so a record that cannot be stored
+(a non-JSON message, a token id outside int32) fails its own caller with a ValueError at once and
+never reaches the shared write transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from agl_bridge.store.codec import (
+    decode_float64s,
+    decode_int32s,
+    decode_json,
+    encode_float64s,
+    encode_int32s,
+    encode_json,
+)
+from agl_bridge.types import Attempt, AttemptStatus, LLMCall, Reward, Rollout, RolloutStatus, Usage
+
+NO_ID = ""
+"""Stored in rollout_key/attempt_key for "no rollout" / "no attempt"."""
+
+# The first three columns of both record tables are the ordering key (rollout, attempt, sequence);
+# writers prepend them to the encoded rest of the row once the sequence is known.
+LLM_CALL_COLUMNS: tuple[str, ...] = (
+    "rollout_key",
+    "attempt_key",
+    "sequence",
+    "choice_index",
+    "kind",
+    "model",
+    "prompt_token_ids",
+    "response_token_ids",
+    "response_logprobs",
+    "token_policy_versions",
+    "policy_version",
+    "messages",
+    "response_text",
+    "finish_reason",
+    "agent_name",
+    "started_at",
+    "ended_at",
+    "prefix_breaks",
+    "span_id",
+    "trace_id",
+    "input_tokens",
+    "output_tokens",
+)
+LLM_CALL_SELECT = ", ".join(LLM_CALL_COLUMNS)
+
+REWARD_COLUMNS: tuple[str, ...] = (
+    "rollout_key",
+    "attempt_key",
+    "sequence",
+    "name",
+    "value",
+    "timestamp",
+    "span_id",
+    "trace_id",
+)
+REWARD_SELECT = ", ".join(REWARD_COLUMNS)
+
+ROLLOUT_COLUMNS: tuple[str, ...] = (
+    "rollout_id",
+    "group_id",
+    "status",
+    "task",
+    "metadata",
+    "attempts",
+    "created_at",
+    "updated_at",
+)
+ROLLOUT_SELECT = ", ".join(ROLLOUT_COLUMNS)
+
+ATTEMPT_COLUMNS: tuple[str, ...] = (
+    "rollout_id",
+    "attempt_id",
+    "number",
+    "status",
+    "error",
+    "traceback",
+    "started_at",
+    "ended_at",
+)
+ATTEMPT_SELECT = ", ".join(ATTEMPT_COLUMNS)
+
+
+def key_of(rollout_id: str | None, attempt_id: str | None) -> tuple[str, str]:
+    """The (rollout_key, attempt_key) sequence space of a record."""
+    return (rollout_id or NO_ID, attempt_id or NO_ID)
+
+
+def encode_llm_call_rest(call: LLMCall) -> tuple[Any, ...]:
+    """Every llm_calls column after (rollout_key, attempt_key, sequence), in LLM_CALL_COLUMNS order."""
+    usage = call.usage
+    return (
+        call.choice_index,
+        call.kind,
+        call.model,
+        encode_int32s("prompt_token_ids", call.prompt_token_ids),
+        encode_int32s("response_token_ids", call.response_token_ids),
+        encode_float64s("response_logprobs", call.response_logprobs),
+        encode_int32s("token_policy_versions", call.token_policy_versions),
+        call.policy_version,
+        encode_json("messages", call.messages),
+        call.response_text,
+        call.finish_reason,
+        call.agent_name,
+        call.started_at,
+        call.ended_at,
+        encode_json("prefix_breaks", call.prefix_breaks),
+        call.span_id,
+        call.trace_id,
+        None if usage is None else usage.input_tokens,
+        None if usage is None else usage.output_tokens,
+    )
+
+
+def decode_llm_call(row: Sequence[Any]) -> LLMCall:
+    """Build an LLMCall from a row selected with LLM_CALL_SELECT."""
+    (
+        rollout_key,
+        attempt_key,
+        sequence,
+        choice_index,
+        kind,
+        model,
+        prompt_ids,
+        response_ids,
+        logprobs,
+        versions,
+        policy_version,
+        messages,
+        response_text,
+        finish_reason,
+        agent_name,
+        started_at,
+        ended_at,
+        prefix_breaks,
+        span_id,
+        trace_id,
+        input_tokens,
+        output_tokens,
+    ) = row
+    return LLMCall(
+        rollout_id=rollout_key or None,
+        attempt_id=attempt_key or None,
+        sequence=sequence,
+        choice_index=choice_index,
+        kind=kind,
+        model=model,
+        prompt_token_ids=decode_int32s(prompt_ids),
+        response_token_ids=decode_int32s(response_ids),
+        response_logprobs=decode_float64s(logprobs),
+        token_policy_versions=decode_int32s(versions),
+        policy_version=policy_version,
+        messages=decode_json(messages),
+        response_text=response_text,
+        finish_reason=finish_reason,
+        agent_name=agent_name,
+        started_at=started_at,
+        ended_at=ended_at,
+        prefix_breaks=decode_json(prefix_breaks),
+        span_id=span_id,
+        trace_id=trace_id,
+        usage=None if input_tokens is None else Usage(input_tokens=input_tokens, output_tokens=output_tokens),
+    )
+
+
+def encode_reward_rest(reward: Reward) -> tuple[Any, ...]:
+    """Every rewards column after (rollout_key, attempt_key, sequence), in REWARD_COLUMNS order."""
+    return (reward.name, reward.value, reward.timestamp, reward.span_id, reward.trace_id)
+
+
+def decode_reward(row: Sequence[Any]) -> Reward:
+    """Build a Reward from a row selected with REWARD_SELECT."""
+    rollout_key, attempt_key, sequence, name, value, timestamp, span_id, trace_id = row
+    return Reward(
+        rollout_id=rollout_key or None,
+        attempt_id=attempt_key or None,
+        sequence=sequence,
+        name=name,
+        value=value,
+        timestamp=timestamp,
+        span_id=span_id,
+        trace_id=trace_id,
+    )
+
+
+def decode_rollout(row: Sequence[Any]) -> Rollout:
+    """Build a Rollout from a row selected with ROLLOUT_SELECT."""
+    rollout_id, group_id, status, task, metadata, attempts, created_at, updated_at = row
+    return Rollout(
+        rollout_id=rollout_id,
+        group_id=group_id,
+        status=RolloutStatus(status),
+        task=decode_json(task),
+        metadata=decode_json(metadata),
+        attempts=attempts,
+        created_at=created_at,
+        updated_at=updated_at,
+    )
+
+
+def decode_attempt(row: Sequence[Any]) -> Attempt:
+    """Build an Attempt from a row selected with ATTEMPT_SELECT."""
+    rollout_id, attempt_id, number, status, error, traceback, started_at, ended_at = row
+    return Attempt(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        number=number,
+        status=AttemptStatus(status),
+        error=error,
+        traceback=traceback,
+        started_at=started_at,
+        ended_at=ended_at,
+    )

@@ -1,0 +1,302 @@
+"""The records every part of agl_bridge exchanges: LLM calls, rewards, rollouts and attempts.
+
+These are plain dataclasses with cheap validation in `__post_init__` (shapes, ranges, the rollout
+state machine). They know nothing about spans, HTTP or storage; `semconv` names the span
+attributes they map to, and `store/` persists them.
+
+Timestamps are float seconds since the Unix epoch. They are for humans and timeouts only:
+ordering inside a (rollout, attempt) uses the store-allocated `sequence` (invariant 3).
+"""
+
+from __future__ import annotations
+
+import decimal
+import enum
+import math
+import numbers
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agl_bridge import semconv
+
+CallKind = Literal["token", "text"]
+"""`"token"`: exact token ids and logprobs were recorded; `"text"`: text only (not trainable)."""
+
+_CALL_KINDS = (semconv.CALL_KIND_TOKEN, semconv.CALL_KIND_TEXT)
+
+DEFAULT_REWARD_NAME = "reward"
+"""Name given to a reward when the agent does not name it."""
+
+
+class InvalidTransitionError(ValueError):
+    """A rollout or attempt was asked to move to a status its current status cannot reach."""
+
+    def __init__(self, what: str, current: str, requested: str, allowed: tuple[str, ...]) -> None:
+        allowed_text = ", ".join(allowed) if allowed else "none (it is final)"
+        super().__init__(
+            f"{what} cannot go from {current!r} to {requested!r}; allowed from {current!r}: {allowed_text}"
+        )
+        self.current = current
+        self.requested = requested
+
+
+class RolloutStatus(str, enum.Enum):
+    """Where a rollout is in its life: queued → running → succeeded | failed | timed_out.
+
+    `running → queued` is also legal: it puts a rollout back for a retry (e.g. after its runner
+    died). The three outcomes are final.
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+
+    @property
+    def is_final(self) -> bool:
+        """True for succeeded, failed and timed_out: no transition leaves these."""
+        return not _ROLLOUT_TRANSITIONS[self]
+
+    def allowed_next(self) -> tuple[RolloutStatus, ...]:
+        """The statuses this one may move to."""
+        return _ROLLOUT_TRANSITIONS[self]
+
+    def can_transition_to(self, new: RolloutStatus) -> bool:
+        """Whether moving from this status to `new` is legal."""
+        return new in _ROLLOUT_TRANSITIONS[self]
+
+    def check_transition(self, new: RolloutStatus, rollout_id: str = "") -> None:
+        """Raise `InvalidTransitionError` naming both statuses if `self → new` is illegal."""
+        if not self.can_transition_to(new):
+            what = f"rollout {rollout_id!r}" if rollout_id else "a rollout"
+            raise InvalidTransitionError(what, self.value, new.value, tuple(s.value for s in self.allowed_next()))
+
+
+_ROLLOUT_TRANSITIONS: dict[RolloutStatus, tuple[RolloutStatus, ...]] = {
+    RolloutStatus.QUEUED: (RolloutStatus.RUNNING,),
+    RolloutStatus.RUNNING: (
+        RolloutStatus.SUCCEEDED,
+        RolloutStatus.FAILED,
+        RolloutStatus.TIMED_OUT,
+        RolloutStatus.QUEUED,
+    ),
+    RolloutStatus.SUCCEEDED: (),
+    RolloutStatus.FAILED: (),
+    RolloutStatus.TIMED_OUT: (),
+}
+
+
+class AttemptStatus(str, enum.Enum):
+    """Where one attempt of a rollout is: running → succeeded | failed | timed_out (final)."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+
+    @property
+    def is_final(self) -> bool:
+        """True for the three outcomes."""
+        return self is not AttemptStatus.RUNNING
+
+
+def _check_id(name: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value:
+        expected = "a non-empty string or None" if optional else "a non-empty string"
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def _check_count(name: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        expected = "an integer >= 0 or None" if optional else "an integer >= 0"
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def _check_attribution(rollout_id: object, attempt_id: object, sequence: object) -> None:
+    _check_id("rollout_id", rollout_id, optional=True)
+    _check_id("attempt_id", attempt_id, optional=True)
+    if attempt_id is not None and rollout_id is None:
+        raise ValueError(
+            f"attempt_id {attempt_id!r} was given without a rollout_id; an attempt always belongs "
+            "to a rollout, so pass both (or neither for a call outside any rollout)"
+        )
+    _check_count("sequence", sequence, optional=True)
+
+
+def finite_real(name: str, value: object) -> float:
+    """Return `value` as a float if it is a finite real number (not a bool), else raise ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
+        raise ValueError(f"{name} must be a finite real number (int or float, not bool), got {value!r}")
+    as_float = float(value)
+    if not math.isfinite(as_float):
+        raise ValueError(f"{name} must be a finite real number, got {value!r}")
+    return as_float
+
+
+@dataclass(slots=True, kw_only=True)
+class Usage:
+    """Token counts of one call as reported to the client (OpenAI `usage`)."""
+
+    input_tokens: int
+    output_tokens: int
+
+    def __post_init__(self) -> None:
+        _check_count("usage.input_tokens", self.input_tokens, optional=False)
+        _check_count("usage.output_tokens", self.output_tokens, optional=False)
+
+
+@dataclass(slots=True, kw_only=True)
+class LLMCall:
+    """One LLM call (one choice of one chat completion) with the exact tokens behind it.
+
+    Attribution: `rollout_id`/`attempt_id` are None for calls made outside any rollout; those
+    share one "no rollout" sequence space. `sequence` is allocated by the store; leave it None to
+    have the store allocate it when the record is written.
+
+    Tokens (kind "token"): `prompt_token_ids` are the ids the sampler consumed,
+    `response_token_ids` the ids it sampled, `response_logprobs[i]` the sampler's logprob of
+    `response_token_ids[i]`, and `token_policy_versions[i]` the policy version that sampled it
+    (may be empty when unknown). `policy_version` is the oldest of those versions; it is derived
+    from `token_policy_versions` when not given. Calls of kind "text" (models that return no
+    token ids) carry no token lists and cannot be trained on.
+    """
+
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    sequence: int | None = None
+    model: str
+    kind: CallKind = "token"
+    prompt_token_ids: list[int] = field(default_factory=list)
+    response_token_ids: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    token_policy_versions: list[int] = field(default_factory=list)
+    policy_version: int | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    response_text: str | None = None
+    finish_reason: str | None = None
+    agent_name: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    choice_index: int = 0
+    prefix_breaks: list[Any] = field(default_factory=list)
+    span_id: str | None = None
+    trace_id: str | None = None
+    usage: Usage | None = None
+
+    def __post_init__(self) -> None:
+        _check_attribution(self.rollout_id, self.attempt_id, self.sequence)
+        if not isinstance(self.model, str):
+            raise ValueError(f"model must be a string (the model name), got {self.model!r}")
+        if self.kind not in _CALL_KINDS:
+            raise ValueError(f"kind must be one of {_CALL_KINDS}, got {self.kind!r}")
+        _check_count("choice_index", self.choice_index, optional=False)
+        n_response = len(self.response_token_ids)
+        if self.kind == semconv.CALL_KIND_TOKEN:
+            if not self.prompt_token_ids:
+                raise ValueError(
+                    "a kind='token' call needs its prompt_token_ids; use kind='text' if none were recorded"
+                )
+            if len(self.response_logprobs) != n_response:
+                raise ValueError(
+                    f"response_logprobs has {len(self.response_logprobs)} entries but response_token_ids "
+                    f"has {n_response}; each sampled token needs exactly one logprob"
+                )
+        elif self.prompt_token_ids or n_response or self.response_logprobs or self.token_policy_versions:
+            raise ValueError("a kind='text' call carries no token lists; record the tokens with kind='token'")
+        if self.token_policy_versions and len(self.token_policy_versions) != n_response:
+            raise ValueError(
+                f"token_policy_versions has {len(self.token_policy_versions)} entries but "
+                f"response_token_ids has {n_response}; give one version per sampled token, or none"
+            )
+        if self.policy_version is None and self.token_policy_versions:
+            self.policy_version = min(self.token_policy_versions)
+        if self.policy_version is not None and (
+            isinstance(self.policy_version, bool) or not isinstance(self.policy_version, int)
+        ):
+            raise ValueError(f"policy_version must be an integer or None, got {self.policy_version!r}")
+        if self.usage is not None and not isinstance(self.usage, Usage):
+            raise ValueError(f"usage must be a Usage record or None, got {self.usage!r}")
+
+    @property
+    def trainable(self) -> bool:
+        """Whether this call has exact tokens to train on."""
+        return self.kind == semconv.CALL_KIND_TOKEN
+
+
+@dataclass(slots=True, kw_only=True)
+class Reward:
+    """One reward emitted by the agent (`emit_reward(value, name=...)`).
+
+    `value` must be a finite real number; ints are stored as floats. A missing reward is never a
+    zero: if the agent emits none, there is no Reward record. `sequence` is store-allocated in the
+    same space as the LLM calls of its (rollout, attempt), so rewards order among the calls.
+    """
+
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    sequence: int | None = None
+    value: float
+    name: str = DEFAULT_REWARD_NAME
+    timestamp: float = field(default_factory=time.time)
+    span_id: str | None = None
+    trace_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_attribution(self.rollout_id, self.attempt_id, self.sequence)
+        self.value = finite_real("reward value", self.value)
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"reward name must be a non-empty string, got {self.name!r}")
+        self.timestamp = finite_real("reward timestamp", self.timestamp)
+
+
+@dataclass(slots=True, kw_only=True)
+class Rollout:
+    """One run of the agent on one task; GRPO groups rollouts of the same task by `group_id`.
+
+    `task` is the JSON-able payload handed to the agent. `attempts` counts the attempts started
+    so far (retries included).
+    """
+
+    rollout_id: str
+    task: Any
+    group_id: str | None = None
+    status: RolloutStatus = RolloutStatus.QUEUED
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    attempts: int = 0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_id("rollout_id", self.rollout_id, optional=False)
+        _check_id("group_id", self.group_id, optional=True)
+        self.status = RolloutStatus(self.status)
+        _check_count("attempts", self.attempts, optional=False)
+        if not isinstance(self.metadata, dict):
+            raise ValueError(f"metadata must be a dict, got {self.metadata!r}")
+
+
+@dataclass(slots=True, kw_only=True)
+class Attempt:
+    """One try at running a rollout; a retry is a new attempt with the next `number` (from 1)."""
+
+    rollout_id: str
+    attempt_id: str
+    number: int
+    status: AttemptStatus = AttemptStatus.RUNNING
+    error: str | None = None
+    traceback: str | None = None
+    started_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_id("rollout_id", self.rollout_id, optional=False)
+        _check_id("attempt_id", self.attempt_id, optional=False)
+        if isinstance(self.number, bool) or not isinstance(self.number, int) or self.number < 1:
+            raise ValueError(f"attempt number must be an integer >= 1, got {self.number!r}")
+        self.status = AttemptStatus(self.status)

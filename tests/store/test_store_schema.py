@@ -1,0 +1,84 @@
+"""Opening files: schema version checks, foreign files, permissions, pragmas."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agl_bridge.store import SCHEMA_VERSION, SQLiteStore, StoreSchemaError
+from agl_bridge.store.schema import VERSION_TABLE
+from agl_bridge.types import LLMCall
+
+
+def set_version(path: Path, version: int) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"UPDATE {VERSION_TABLE} SET version = ?", (version,))
+
+
+async def test_new_file_is_private_and_in_wal_mode(tmp_path: Path, make_call: Callable[..., LLMCall]) -> None:
+    path = tmp_path / "nested" / "dir" / "store.db"
+    old_umask = os.umask(0o022)  # the usual umask would give 0644
+    try:
+        async with SQLiteStore(path) as store:
+            await store.add_llm_call(make_call())
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            assert stat.S_IMODE(os.stat(f"{path}-wal").st_mode) == 0o600
+    finally:
+        os.umask(old_umask)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert conn.execute(f"SELECT version FROM {VERSION_TABLE}").fetchone() == (SCHEMA_VERSION,)
+
+
+async def test_reopening_keeps_the_data(tmp_path: Path, make_call: Callable[..., LLMCall]) -> None:
+    path = tmp_path / "s.db"
+    async with SQLiteStore(path) as store:
+        rollout = await store.create_rollout({"q": 1})
+        await store.add_llm_call(make_call())
+    async with SQLiteStore(path) as store:
+        assert (await store.get_rollout(rollout.rollout_id)) == rollout
+        assert len([c async for c in store.iter_llm_calls()]) == 1
+
+
+@pytest.mark.parametrize(("found", "advice"), [(SCHEMA_VERSION + 1, "upgrade agl_bridge"), (0, "older agl_bridge")])
+async def test_other_schema_version_is_refused_with_both_versions_named(
+    tmp_path: Path, found: int, advice: str
+) -> None:
+    path = tmp_path / "s.db"
+    async with SQLiteStore(path):
+        pass
+    set_version(path, found)
+    with pytest.raises(StoreSchemaError) as info:
+        await SQLiteStore(path).open()
+    message = str(info.value)
+    assert f"schema version {found}" in message and f"expects version {SCHEMA_VERSION}" in message
+    assert advice in message and str(path) in message
+
+
+async def test_foreign_sqlite_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER)")
+    with pytest.raises(StoreSchemaError, match="not an agl_bridge store"):
+        await SQLiteStore(path).open()
+    with sqlite3.connect(path) as conn:  # and left untouched
+        assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("invoices",)]
+
+
+async def test_non_database_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"these are not the pages you are looking for" * 200)
+    with pytest.raises(StoreSchemaError, match="is not a SQLite database"):
+        await SQLiteStore(path).open()
+
+
+def test_in_memory_path_and_bad_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="needs a file path"):
+        SQLiteStore(":memory:")
+    with pytest.raises(ValueError, match="synchronous must be one of"):
+        SQLiteStore("x.db", synchronous="OFF")
