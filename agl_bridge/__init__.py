@@ -7,3 +7,19 @@ from agl_bridge._env import apply_offline_env_defaults
 apply_offline_env_defaults()
 
 __version__ = "0.1.0"
+
+# `emit_reward` is the one call users add to their agent. It is imported on first use so that
+# `import agl_bridge` (e.g. by the sampler or the CLI) does not load OpenTelemetry.
+_TRACING_EXPORTS = ("emit_reward", "emit_reward_async")
+
+
+def __getattr__(name: str) -> object:
+    """`agl_bridge.emit_reward` / `emit_reward_async`, re-exported from `agl_bridge.tracing`."""
+    if name in _TRACING_EXPORTS:
+        from agl_bridge.tracing import rewards
+
+        return getattr(rewards, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["__version__", "emit_reward", "emit_reward_async"]

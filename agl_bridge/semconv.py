@@ -79,10 +79,14 @@ GEN_AI_REQUEST_SEED: Final = "gen_ai.request.seed"
 # --- agl_bridge keys ----------------------------------------------------------------------------
 
 AGL_ROLLOUT_ID: Final = "agl.rollout_id"
-"""The rollout a span belongs to (absent for calls made outside any rollout)."""
+"""The rollout a span belongs to (absent for calls made outside any rollout).
+
+Also read as a *resource* attribute (e.g. from `OTEL_RESOURCE_ATTRIBUTES`) when a span carries
+none: a process that runs exactly one rollout can be attributed once for all its spans.
+"""
 
 AGL_ATTEMPT_ID: Final = "agl.attempt_id"
-"""The attempt of that rollout a span belongs to."""
+"""The attempt of that rollout a span belongs to (span attribute, or resource attribute as above)."""
 
 AGL_SEQUENCE: Final = "agl.sequence"
 """Store-allocated order number within (rollout, attempt); ordering never uses wall clocks."""
@@ -140,6 +144,20 @@ HEADER_ROLLOUT_ID: Final = "x-rollout-id"
 HEADER_ATTEMPT_ID: Final = "x-attempt-id"
 """Request header naming the attempt a call belongs to."""
 
+PATH_PARAM_ROLLOUT_ID: Final = "rollout_id"
+"""Name of the rollout path parameter in `/rollout/{rollout_id}/attempt/{attempt_id}/v1/...` routes."""
+
+PATH_PARAM_ATTEMPT_ID: Final = "attempt_id"
+"""Name of the attempt path parameter in those routes."""
+
+# --- OTLP/HTTP ------------------------------------------------------------------------------------
+
+OTLP_TRACES_PATH: Final = "/v1/traces"
+"""Path of the OTLP/HTTP trace receiver, relative to the proxy's base URL without `/v1`."""
+
+TRACER_NAME: Final = "agl_bridge"
+"""Instrumentation scope name of the spans agl_bridge itself creates (rewards)."""
+
 # --- environment variables handed to agent processes --------------------------------------------
 
 ENV_ROLLOUT_ID: Final = "AGL_ROLLOUT_ID"
@@ -153,3 +171,12 @@ ENV_ENDPOINT: Final = "AGL_ENDPOINT"
 
 ENV_TASK: Final = "AGL_TASK"
 """JSON of the task payload the agent should work on."""
+
+ENV_API_KEY: Final = "AGL_API_KEY"
+"""Key sent as `Authorization: Bearer ...` when exporting spans to the proxy (wins over the next)."""
+
+ENV_OPENAI_API_KEY: Final = "OPENAI_API_KEY"
+"""The OpenAI SDK's key variable; the agent already sends it to the proxy, so spans reuse it."""
+
+ENV_REWARD_TIMEOUT_S: Final = "AGL_REWARD_TIMEOUT_S"
+"""Seconds `emit_reward` may spend delivering one reward (retries included); default 10."""

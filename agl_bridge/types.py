@@ -1,4 +1,4 @@
-"""The records every part of agl_bridge exchanges: LLM calls, rewards, rollouts and attempts.
+"""The records every part of agl_bridge exchanges: LLM calls, rewards, other spans, rollouts, attempts.
 
 These are plain dataclasses with cheap validation in `__post_init__` (shapes, ranges, the rollout
 state machine). They know nothing about spans, HTTP or storage; `semconv` names the span
@@ -253,6 +253,88 @@ class Reward:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"reward name must be a non-empty string, got {self.name!r}")
         self.timestamp = finite_real("reward timestamp", self.timestamp)
+
+
+SpanStatus = Literal["unset", "ok", "error"]
+"""OpenTelemetry span status code, lower-case."""
+
+SpanKind = Literal["unspecified", "internal", "server", "client", "producer", "consumer"]
+"""OpenTelemetry span kind, lower-case."""
+
+_SPAN_STATUSES = ("unset", "ok", "error")
+_SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
+_HEX_DIGITS = frozenset("0123456789abcdef")
+_MAX_NS = 2**63 - 1  # SQLite integers are signed 64-bit: nanoseconds up to the year 2262
+
+
+def _check_hex_id(name: str, value: object, n_hex: int, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if (
+        not isinstance(value, str)
+        or len(value) != n_hex
+        or not _HEX_DIGITS.issuperset(value)
+        or value == "0" * n_hex
+    ):
+        expected = f"{n_hex} lower-case hex digits, not all zero" + (" (or None)" if optional else "")
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def _check_ns(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_NS:
+        raise ValueError(f"{name} must be an integer number of nanoseconds in [0, 2**63), got {value!r}")
+
+
+@dataclass(slots=True, kw_only=True)
+class StoredSpan:
+    """A span that is neither an LLM call nor a reward (agent, tool, framework spans), as stored.
+
+    Attribution comes from the span's `agl.rollout_id` / `agl.attempt_id` attributes, else from its
+    resource's. `sequence` is store-allocated at ingest in the same space as the calls and rewards
+    of its (rollout, attempt): it orders spans by when they reached the store, which for batched
+    exporters can be seconds after they ended; `start_time_ns` / `end_time_ns` are the span's own
+    (agent-clock) times. `attributes` and `resource` are JSON-safe dicts (see tracing/otlp.py for
+    how OTLP values map onto JSON). Ids are lower-case hex: trace 32 digits, span 16.
+    """
+
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    sequence: int | None = None
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None = None
+    kind: SpanKind = "internal"
+    start_time_ns: int
+    end_time_ns: int
+    attributes: dict[str, Any] = field(default_factory=dict)
+    resource: dict[str, Any] = field(default_factory=dict)
+    scope_name: str | None = None
+    status: SpanStatus = "unset"
+    status_message: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_attribution(self.rollout_id, self.attempt_id, self.sequence)
+        if not isinstance(self.name, str):
+            raise ValueError(f"span name must be a string, got {self.name!r}")
+        _check_hex_id("trace_id", self.trace_id, 32, optional=False)
+        _check_hex_id("span_id", self.span_id, 16, optional=False)
+        _check_hex_id("parent_span_id", self.parent_span_id, 16, optional=True)
+        if self.kind not in _SPAN_KINDS:
+            raise ValueError(f"span kind must be one of {_SPAN_KINDS}, got {self.kind!r}")
+        _check_ns("start_time_ns", self.start_time_ns)
+        _check_ns("end_time_ns", self.end_time_ns)
+        if not isinstance(self.attributes, dict) or not isinstance(self.resource, dict):
+            raise ValueError(
+                f"span attributes and resource must be dicts, got {type(self.attributes).__name__} "
+                f"and {type(self.resource).__name__}"
+            )
+        if self.scope_name is not None and not isinstance(self.scope_name, str):
+            raise ValueError(f"scope_name must be a string or None, got {self.scope_name!r}")
+        if self.status not in _SPAN_STATUSES:
+            raise ValueError(f"span status must be one of {_SPAN_STATUSES}, got {self.status!r}")
+        if self.status_message is not None and not isinstance(self.status_message, str):
+            raise ValueError(f"status_message must be a string or None, got {self.status_message!r}")
 
 
 @dataclass(slots=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""Persistence of rollouts, attempts, LLM calls and rewards: the async `Store` API and backends."""
+"""Persistence of rollouts, attempts, LLM calls, rewards and generic spans: the async `Store` API and backends."""
 
 from __future__ import annotations
 

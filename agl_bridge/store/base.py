@@ -1,12 +1,13 @@
 """The async store contract every backend implements (SQLite now, Postgres later).
 
 A store holds rollouts and their attempts (with the rollout state machine), allocates sequence
-numbers, and persists LLM calls and rewards. Writes return only once the record is durable;
-reads stream in order so a converter can walk millions of records in bounded memory.
+numbers, and persists LLM calls, rewards and generic spans (agent/tool/framework spans received
+over OTLP). Writes return only once the record is durable; reads stream in order so a converter
+can walk millions of records in bounded memory.
 
 Ordering: records are grouped by (rollout, attempt) and come in ascending `sequence` within each
-group (LLM calls: then `choice_index`). Calls and rewards share a sequence space per
-(rollout, attempt); records outside any rollout share one "no rollout" space.
+group (LLM calls: then `choice_index`). Calls, rewards and generic spans share a sequence space
+per (rollout, attempt); records outside any rollout share one "no rollout" space.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
-from agl_bridge.types import Attempt, AttemptStatus, LLMCall, Reward, Rollout, RolloutStatus
+from agl_bridge.types import Attempt, AttemptStatus, LLMCall, Reward, Rollout, RolloutStatus, StoredSpan
 
 
 @runtime_checkable
 class Store(Protocol):
-    """Async persistence for rollouts, attempts, LLM calls and rewards."""
+    """Async persistence for rollouts, attempts, LLM calls, rewards and generic spans."""
 
     async def open(self) -> None:
         """Open (creating if needed) the store; raises StoreSchemaError for a foreign/old file."""
@@ -116,6 +117,14 @@ class Store(Protocol):
         """Durably store several rewards; returns their sequences in order."""
         ...
 
+    async def add_span(self, span: StoredSpan) -> int:
+        """Durably store one generic span; returns its sequence (a re-delivered span_id is a no-op)."""
+        ...
+
+    async def add_spans(self, spans: Sequence[StoredSpan]) -> list[int]:
+        """Durably store several generic spans; returns their sequences in order."""
+        ...
+
     def iter_llm_calls(self, rollout_id: str | None = None, attempt_id: str | None = None) -> AsyncIterator[LLMCall]:
         """Stream the calls of a rollout (or of one attempt; or of all rollouts when None) in order."""
         ...
@@ -124,10 +133,20 @@ class Store(Protocol):
         """Stream the rewards of a rollout (or of one attempt; or of all rollouts when None) in order."""
         ...
 
+    def iter_spans(
+        self, rollout_id: str | None = None, attempt_id: str | None = None
+    ) -> AsyncIterator[StoredSpan]:
+        """Stream the generic spans of a rollout (or of one attempt; or of all rollouts when None) in order."""
+        ...
+
     def iter_all_calls(self) -> AsyncIterator[LLMCall]:
         """Stream every call, those outside any rollout first, for exports."""
         ...
 
     def iter_all_rewards(self) -> AsyncIterator[Reward]:
         """Stream every reward, those outside any rollout first."""
+        ...
+
+    def iter_all_spans(self) -> AsyncIterator[StoredSpan]:
+        """Stream every generic span, those outside any rollout first."""
         ...

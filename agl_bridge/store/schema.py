@@ -10,6 +10,9 @@ Layout notes:
     streaming reads their order; the partial unique index on `span_id` makes re-delivered spans
     (an exporter retrying after a lost response) a no-op instead of a duplicate.
   - `sequences.next` is always greater than every sequence stored for its key.
+  - `spans` holds every other span received (agent, tool and framework spans), in the same
+    sequence space as the calls and rewards of its (rollout, attempt). Its `span_id` is NOT NULL,
+    yet its unique index is partial like the others so one upsert clause fits all three tables.
 """
 
 from __future__ import annotations
@@ -102,6 +105,27 @@ CREATE TABLE rewards (
 );
 CREATE UNIQUE INDEX rewards_order ON rewards(rollout_key, attempt_key, sequence);
 CREATE UNIQUE INDEX rewards_span ON rewards(span_id) WHERE span_id IS NOT NULL;
+
+CREATE TABLE spans (
+    id INTEGER PRIMARY KEY,
+    rollout_key TEXT NOT NULL,
+    attempt_key TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    trace_id TEXT NOT NULL,
+    span_id TEXT NOT NULL,
+    parent_span_id TEXT,
+    kind TEXT NOT NULL,
+    start_time_ns INTEGER NOT NULL,
+    end_time_ns INTEGER NOT NULL,
+    attributes TEXT NOT NULL,
+    resource TEXT NOT NULL,
+    scope_name TEXT,
+    status TEXT NOT NULL,
+    status_message TEXT
+);
+CREATE UNIQUE INDEX spans_order ON spans(rollout_key, attempt_key, sequence);
+CREATE UNIQUE INDEX spans_span ON spans(span_id) WHERE span_id IS NOT NULL;
 """
 
 

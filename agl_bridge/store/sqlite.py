@@ -50,20 +50,24 @@ from agl_bridge.store.sqlite_rows import (
     NO_ID,
     REWARD_SELECT,
     ROLLOUT_SELECT,
+    SPAN_SELECT,
     decode_attempt,
     decode_llm_call,
     decode_reward,
     decode_rollout,
+    decode_span,
     encode_llm_call_rest,
     encode_reward_rest,
+    encode_span_rest,
     key_of,
 )
 from agl_bridge.store.sqlite_writer import FuncOp, RecordOp, SequenceOp, SQLiteWriter, WriteOp
-from agl_bridge.types import Attempt, AttemptStatus, LLMCall, Reward, Rollout, RolloutStatus
+from agl_bridge.types import Attempt, AttemptStatus, LLMCall, Reward, Rollout, RolloutStatus, StoredSpan
 
 _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _CALL_KEY = ("rollout_key", "attempt_key", "sequence", "choice_index")
 _REWARD_KEY = ("rollout_key", "attempt_key", "sequence")
+_SPAN_KEY = _REWARD_KEY
 
 
 class SQLiteStore:
@@ -345,6 +349,19 @@ class SQLiteStore:
         ops = [_reward_op(reward) for reward in rewards]
         return await self._submit_many(ops)
 
+    async def add_span(self, span: StoredSpan) -> int:
+        """Durably store one generic span; returns its sequence (allocated if `span.sequence` is None).
+
+        A span whose `span_id` is already stored is not stored again (an exporter retrying); the
+        stored span's sequence is returned.
+        """
+        return await self._submit(_span_op(span))
+
+    async def add_spans(self, spans: Sequence[StoredSpan]) -> list[int]:
+        """Durably store several generic spans; returns their sequences in order (see add_llm_calls)."""
+        ops = [_span_op(span) for span in spans]
+        return await self._submit_many(ops)
+
     async def iter_llm_calls(
         self, rollout_id: str | None = None, attempt_id: str | None = None
     ) -> AsyncIterator[LLMCall]:
@@ -366,6 +383,14 @@ class SQLiteStore:
         async for row in self._stream("rewards", REWARD_SELECT, _REWARD_KEY, fixed, attributed_only=True):
             yield decode_reward(row)
 
+    async def iter_spans(
+        self, rollout_id: str | None = None, attempt_id: str | None = None
+    ) -> AsyncIterator[StoredSpan]:
+        """Stream generic spans in (rollout, attempt, sequence) order; filters as in iter_llm_calls."""
+        fixed = _leading_key(rollout_id, attempt_id)
+        async for row in self._stream("spans", SPAN_SELECT, _SPAN_KEY, fixed, attributed_only=True):
+            yield decode_span(row)
+
     async def iter_all_calls(self) -> AsyncIterator[LLMCall]:
         """Stream every call, those outside any rollout first, for exports."""
         async for row in self._stream("llm_calls", LLM_CALL_SELECT, _CALL_KEY, (), attributed_only=False):
@@ -375,6 +400,11 @@ class SQLiteStore:
         """Stream every reward, those outside any rollout first."""
         async for row in self._stream("rewards", REWARD_SELECT, _REWARD_KEY, (), attributed_only=False):
             yield decode_reward(row)
+
+    async def iter_all_spans(self) -> AsyncIterator[StoredSpan]:
+        """Stream every generic span, those outside any rollout first."""
+        async for row in self._stream("spans", SPAN_SELECT, _SPAN_KEY, (), attributed_only=False):
+            yield decode_span(row)
 
     # --- internals --------------------------------------------------------------------------------
 
@@ -466,11 +496,18 @@ def _call_op(call: LLMCall) -> RecordOp:
     if not isinstance(call, LLMCall):
         raise TypeError(f"expected an LLMCall record, got {type(call).__name__}")
     rollout_key, attempt_key = key_of(call.rollout_id, call.attempt_id)
-    return RecordOp(True, rollout_key, attempt_key, call.sequence, call.span_id, encode_llm_call_rest(call))
+    return RecordOp("llm_calls", rollout_key, attempt_key, call.sequence, call.span_id, encode_llm_call_rest(call))
 
 
 def _reward_op(reward: Reward) -> RecordOp:
     if not isinstance(reward, Reward):
         raise TypeError(f"expected a Reward record, got {type(reward).__name__}")
     rollout_key, attempt_key = key_of(reward.rollout_id, reward.attempt_id)
-    return RecordOp(False, rollout_key, attempt_key, reward.sequence, reward.span_id, encode_reward_rest(reward))
+    return RecordOp("rewards", rollout_key, attempt_key, reward.sequence, reward.span_id, encode_reward_rest(reward))
+
+
+def _span_op(span: StoredSpan) -> RecordOp:
+    if not isinstance(span, StoredSpan):
+        raise TypeError(f"expected a StoredSpan record, got {type(span).__name__}")
+    rollout_key, attempt_key = key_of(span.rollout_id, span.attempt_id)
+    return RecordOp("spans", rollout_key, attempt_key, span.sequence, span.span_id, encode_span_rest(span))

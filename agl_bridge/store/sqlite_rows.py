@@ -18,12 +18,21 @@ from agl_bridge.store.codec import (
     encode_int32s,
     encode_json,
 )
-from agl_bridge.types import Attempt, AttemptStatus, LLMCall, Reward, Rollout, RolloutStatus, Usage
+from agl_bridge.types import (
+    Attempt,
+    AttemptStatus,
+    LLMCall,
+    Reward,
+    Rollout,
+    RolloutStatus,
+    StoredSpan,
+    Usage,
+)
 
 NO_ID = ""
 """Stored in rollout_key/attempt_key for "no rollout" / "no attempt"."""
 
-# The first three columns of both record tables are the ordering key (rollout, attempt, sequence);
+# The first three columns of the three record tables are the ordering key (rollout, attempt, sequence);
 # writers prepend them to the encoded rest of the row once the sequence is known.
 LLM_CALL_COLUMNS: tuple[str, ...] = (
     "rollout_key",
@@ -62,6 +71,25 @@ REWARD_COLUMNS: tuple[str, ...] = (
     "trace_id",
 )
 REWARD_SELECT = ", ".join(REWARD_COLUMNS)
+
+SPAN_COLUMNS: tuple[str, ...] = (
+    "rollout_key",
+    "attempt_key",
+    "sequence",
+    "name",
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "kind",
+    "start_time_ns",
+    "end_time_ns",
+    "attributes",
+    "resource",
+    "scope_name",
+    "status",
+    "status_message",
+)
+SPAN_SELECT = ", ".join(SPAN_COLUMNS)
 
 ROLLOUT_COLUMNS: tuple[str, ...] = (
     "rollout_id",
@@ -187,6 +215,62 @@ def decode_reward(row: Sequence[Any]) -> Reward:
         timestamp=timestamp,
         span_id=span_id,
         trace_id=trace_id,
+    )
+
+
+def encode_span_rest(span: StoredSpan) -> tuple[Any, ...]:
+    """Every spans column after (rollout_key, attempt_key, sequence), in SPAN_COLUMNS order."""
+    return (
+        span.name,
+        span.trace_id,
+        span.span_id,
+        span.parent_span_id,
+        span.kind,
+        span.start_time_ns,
+        span.end_time_ns,
+        encode_json("span attributes", span.attributes),
+        encode_json("span resource", span.resource),
+        span.scope_name,
+        span.status,
+        span.status_message,
+    )
+
+
+def decode_span(row: Sequence[Any]) -> StoredSpan:
+    """Build a StoredSpan from a row selected with SPAN_SELECT."""
+    (
+        rollout_key,
+        attempt_key,
+        sequence,
+        name,
+        trace_id,
+        span_id,
+        parent_span_id,
+        kind,
+        start_time_ns,
+        end_time_ns,
+        attributes,
+        resource,
+        scope_name,
+        status,
+        status_message,
+    ) = row
+    return StoredSpan(
+        rollout_id=rollout_key or None,
+        attempt_id=attempt_key or None,
+        sequence=sequence,
+        name=name,
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent_span_id,
+        kind=kind,
+        start_time_ns=start_time_ns,
+        end_time_ns=end_time_ns,
+        attributes=decode_json(attributes),
+        resource=decode_json(resource),
+        scope_name=scope_name,
+        status=status,
+        status_message=status_message,
     )
 
 

@@ -4,7 +4,7 @@
 is applied as: BEGIN IMMEDIATE → state-machine operations (each in a SAVEPOINT, so one illegal
 transition fails only its own caller) → sequence allocation (one SELECT of the counters of every
 (rollout, attempt) in the batch, one executemany writing them back) → one executemany per record
-table → COMMIT. If SQLite itself fails (disk full, file
+table (LLM calls, rewards, generic spans) → COMMIT. If SQLite itself fails (disk full, file
 locked past the busy timeout, I/O error) the whole transaction is rolled back and every operation
 in the batch fails with `StoreWriteError`; SQLite's journal guarantees the file is never left
 half-written.
@@ -16,22 +16,26 @@ import os
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from agl_bridge.store.errors import DuplicateRecordError, StoreError, StoreSchemaError, StoreWriteError
 from agl_bridge.store.group_commit import Failure
 from agl_bridge.store.schema import SchemaMismatch, ensure_schema
-from agl_bridge.store.sqlite_rows import LLM_CALL_COLUMNS, REWARD_COLUMNS
+from agl_bridge.store.sqlite_rows import LLM_CALL_COLUMNS, REWARD_COLUMNS, SPAN_COLUMNS
 
 SYNCHRONOUS_MODES = ("NORMAL", "FULL")
 MIN_SQLITE = (3, 24, 0)
 
 
+RecordTable = Literal["llm_calls", "rewards", "spans"]
+"""The record tables; each has (rollout_key, attempt_key, sequence) first and a unique span_id."""
+
+
 @dataclass(slots=True)
 class RecordOp:
-    """Insert one encoded LLM call (`is_call`) or reward; `sequence` None means "allocate one"."""
+    """Insert one encoded record into `table`; `sequence` None means "allocate one"."""
 
-    is_call: bool
+    table: RecordTable
     rollout_key: str
     attempt_key: str
     sequence: int | None
@@ -67,8 +71,12 @@ def _insert_sql(table: str, columns: tuple[str, ...]) -> str:
     )
 
 
-_INSERT_CALL = _insert_sql("llm_calls", LLM_CALL_COLUMNS)
-_INSERT_REWARD = _insert_sql("rewards", REWARD_COLUMNS)
+_INSERTS: dict[str, str] = {
+    "llm_calls": _insert_sql("llm_calls", LLM_CALL_COLUMNS),
+    "rewards": _insert_sql("rewards", REWARD_COLUMNS),
+    "spans": _insert_sql("spans", SPAN_COLUMNS),
+}
+_RECORD_NAMES = {"llm_calls": "LLM call", "rewards": "reward", "spans": "span"}
 _WRITE_COUNTER = (
     "INSERT INTO sequences (rollout_key, attempt_key, next) VALUES (?, ?, ?) "
     "ON CONFLICT (rollout_key, attempt_key) DO UPDATE SET next = excluded.next"
@@ -260,21 +268,18 @@ class SQLiteWriter:
     def _insert_records(
         self, conn: sqlite3.Connection, ops: list[WriteOp], records: list[int], outcomes: list[Any]
     ) -> None:
-        call_rows = []
-        reward_rows = []
+        rows_by_table: dict[str, list[tuple[Any, ...]]] = {}
         for index in records:
             op: RecordOp = ops[index]  # type: ignore[assignment]
             row = (op.rollout_key, op.attempt_key, op.sequence, *op.rest)
-            (call_rows if op.is_call else reward_rows).append(row)
+            rows_by_table.setdefault(op.table, []).append(row)
         # Fast path: one executemany per table. If any row is a duplicate (same span re-delivered,
         # or a sequence slot already taken) undo it and go row by row to tell each caller.
         conn.execute("SAVEPOINT agl_records")
         try:
             inserted = 0
-            if call_rows:
-                inserted += conn.executemany(_INSERT_CALL, call_rows).rowcount
-            if reward_rows:
-                inserted += conn.executemany(_INSERT_REWARD, reward_rows).rowcount
+            for table, rows in rows_by_table.items():
+                inserted += conn.executemany(_INSERTS[table], rows).rowcount
             clean = inserted == len(records)
         except sqlite3.IntegrityError:
             clean = False
@@ -288,13 +293,13 @@ class SQLiteWriter:
 
     @staticmethod
     def _insert_one(conn: sqlite3.Connection, op: RecordOp) -> Any:
-        table = "llm_calls" if op.is_call else "rewards"
+        table = op.table
         row = (op.rollout_key, op.attempt_key, op.sequence, *op.rest)
         try:
-            inserted = conn.execute(_INSERT_CALL if op.is_call else _INSERT_REWARD, row).rowcount
+            inserted = conn.execute(_INSERTS[table], row).rowcount
         except sqlite3.IntegrityError:
-            what = "LLM call" if op.is_call else "reward"
-            choice = f", choice {op.rest[0]}" if op.is_call else ""
+            what = _RECORD_NAMES[table]
+            choice = f", choice {op.rest[0]}" if table == "llm_calls" else ""
             return Failure(
                 DuplicateRecordError(
                     f"a {what} already holds rollout {op.rollout_key or None!r}, attempt "
