@@ -1,17 +1,26 @@
 """The ``agl-bridge`` command line: a thin layer over library functions, one command per job.
 
-Commands translate user mistakes into one clear message and exit code 2 (typer.BadParameter);
+Commands translate user mistakes into one clear message and exit code 2 (typer.BadParameter,
+or `_fail` for the store commands: one "Error: ..." line on stderr, no usage box);
 the work itself lives in the library so it can be called and tested without the CLI.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
 from agl_bridge.models.tiny import InvalidTinySpecError, TinyModelSpec, build_tiny
+from agl_bridge.store.errors import RolloutNotFoundError, StoreError, StoreSchemaError
+from agl_bridge.store.export import EXPORTERS, ExportOutputError, ExportWhat, NoStoreError, open_existing_store
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
 
 app = typer.Typer(
     name="agl-bridge",
@@ -74,6 +83,103 @@ def demo(
         raise typer.BadParameter(str(exc), param_hint="--model") from None
     if not all(r.second_prompt_extends for r in reports):
         raise typer.Exit(1)
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    """Print one error line (no usage box, no traceback) and exit with `code`."""
+    typer.echo(f"Error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _store_failure(exc: StoreError, store: Path) -> NoReturn:
+    """Turn a store error of a read-only command into one clear line and the right exit code."""
+    if isinstance(exc, RolloutNotFoundError):
+        _fail(f"no rollout {exc.rollout_id!r} in {store}; list its rollouts with `agl-bridge inspect --store {store}`")
+    if isinstance(exc, (NoStoreError, StoreSchemaError, ExportOutputError)):
+        _fail(str(exc))
+    _fail(str(exc), code=1)  # not a usage mistake (a locked or unreadable file): exit 1
+
+
+_STORE_HELP = "The store file (SQLite) the proxy or runner records into; it must exist."
+
+
+_EXPORT_HELP = (
+    "Export LLM calls (exact token ids and logprobs) and rewards as JSON Lines, streamed.\n\n"
+    'Each line is one record, "kind": "llm_call" or "kind": "reward". Order: records made outside any '
+    "rollout first, then by rollout id, attempt id and sequence, with rewards interleaved among the calls "
+    "by sequence. Floats round-trip exactly through Python's json (a -inf logprob is written -Infinity)."
+)
+
+
+@app.command("export", help=_EXPORT_HELP)
+def export_command(
+    store: Path = typer.Option(..., "--store", metavar="PATH", help=_STORE_HELP),
+    what: ExportWhat = typer.Option(
+        ExportWhat.CALLS, "--what", help="What to export. calls: every LLM call and reward, one JSON record each."
+    ),
+    out: Path = typer.Option(
+        ..., "--out", metavar="FILE.jsonl", help="File to write (replaced if it exists; its directory must exist)."
+    ),
+    rollout: str | None = typer.Option(None, "--rollout", metavar="ID", help="Only this rollout's records."),
+) -> None:
+    """Export LLM calls and rewards as JSON Lines (order and format: `agl_bridge.store.export`)."""
+    if out.resolve() in {store.resolve(), Path(f"{store.resolve()}-wal"), Path(f"{store.resolve()}-shm")}:
+        _fail(f"--out {out} is the store itself; write the export to another file")
+
+    async def run() -> tuple[int, int]:
+        async with open_existing_store(store) as opened:
+            counts = await EXPORTERS[what](opened, out, rollout_id=rollout)
+        return counts.calls, counts.rewards
+
+    try:
+        calls, rewards = asyncio.run(run())
+    except StoreError as exc:
+        _store_failure(exc, store)
+    scope = f" of rollout {rollout}" if rollout is not None else ""
+    typer.echo(f"Wrote {calls} LLM calls and {rewards} rewards{scope} to {out.resolve()}")
+
+
+_INSPECT_HELP = (
+    "Summarise a store: its rollouts with call and reward counts, or one rollout in detail.\n\n"
+    "Rollouts are listed in creation order; with --rollout, each attempt's calls and rewards in sequence "
+    "order. Counts and reward sums cover every record even when --limit cuts the listing."
+)
+
+
+@app.command("inspect", help=_INSPECT_HELP)
+def inspect_command(
+    store: Path = typer.Option(..., "--store", metavar="PATH", help=_STORE_HELP),
+    rollout: str | None = typer.Option(
+        None, "--rollout", metavar="ID", help="Show this rollout's attempts, calls and rewards instead of the list."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    limit: int = typer.Option(
+        100, "--limit", metavar="N", min=0, help="Most rollouts listed, or records per attempt with --rollout; 0: all."
+    ),
+) -> None:
+    """Summarise a store's rollouts, or one rollout in detail (views: `agl_bridge.store.inspect`)."""
+    from rich.console import Console
+
+    from agl_bridge.store.inspect import render_overview, render_rollout_detail, rollout_detail, store_overview
+
+    bound = limit or None
+
+    async def run() -> tuple[dict[str, Any], RenderableType]:
+        async with open_existing_store(store) as opened:
+            if rollout is None:
+                overview = await store_overview(opened, limit=bound, name=str(store))
+                return overview.to_json(), render_overview(overview)
+            detail = await rollout_detail(opened, rollout, limit=bound)
+            return detail.to_json(), render_rollout_detail(detail)
+
+    try:
+        document, view = asyncio.run(run())
+    except StoreError as exc:
+        _store_failure(exc, store)
+    if as_json:
+        typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
+    else:
+        Console(highlight=False).print(view)
 
 
 if __name__ == "__main__":

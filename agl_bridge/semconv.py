@@ -144,6 +144,9 @@ HEADER_ROLLOUT_ID: Final = "x-rollout-id"
 HEADER_ATTEMPT_ID: Final = "x-attempt-id"
 """Request header naming the attempt a call belongs to."""
 
+HEADER_AGENT_NAME: Final = "x-agent-name"
+"""Request header naming the agent that made a call (multi-agent rollouts choose which train)."""
+
 PATH_PARAM_ROLLOUT_ID: Final = "rollout_id"
 """Name of the rollout path parameter in `/rollout/{rollout_id}/attempt/{attempt_id}/v1/...` routes."""
 

@@ -167,6 +167,11 @@ class ChatCodec:
         """Token ids that end an assistant turn; pass them as `SamplingParams.stop`."""
         return self._stop_token_ids
 
+    @property
+    def stop_token_texts(self) -> tuple[str, ...]:
+        """The text of each end-of-turn token, longest first (what streaming must never send)."""
+        return self._markers
+
     # ---- prompts -------------------------------------------------------------------------
 
     def render(
@@ -398,17 +403,23 @@ class ChatCodec:
 
     # ---- responses -----------------------------------------------------------------------
 
-    def decode_response(self, token_ids: Sequence[int], stop_reason: str) -> AssistantMessage:
+    def decode_response(
+        self, token_ids: Sequence[int], stop_reason: str, *, stop_strings: Sequence[str] = ()
+    ) -> AssistantMessage:
         """The OpenAI assistant message for sampled `token_ids` that stopped for `stop_reason`.
 
         The trailing end-of-turn token is not part of the content; `<tool_call>` blocks become
-        `tool_calls`. finish_reason is "length" when the sampler hit max_tokens, otherwise
+        `tool_calls`. With `stop_strings` (the request's `stop`), the text ends before the first
+        one, as OpenAI does. finish_reason is "length" when the sampler hit max_tokens, otherwise
         "tool_calls" when there are calls, else "stop".
         """
         if stop_reason not in ("stop", "length"):
             raise ValueError(f"stop_reason must be 'stop' or 'length', got {stop_reason!r}")
         ids = [int(t) for t in token_ids]
         text = self._strip_end_marker(ids, decode_exact(self.tokenizer, ids))
+        cut = min((i for i in (text.find(s) for s in stop_strings) if i >= 0), default=-1)
+        if cut >= 0:
+            text, stop_reason = text[:cut], "stop"
         parsed = parse_tool_calls(text)
         if stop_reason == "length":
             finish_reason: FinishReason = "length"

@@ -14,7 +14,7 @@ undo.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -31,6 +31,14 @@ class ContextLengthError(ValueError):
         )
         self.prompt_length = prompt_length
         self.max_context = max_context
+
+
+class SamplingParamError(ValueError):
+    """A sampling parameter is out of range; `field` names it (e.g. for an API error's `param`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -55,25 +63,27 @@ class SamplingParams:
     seed: int | None = None
 
     def validate(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError naming the field and its allowed range if any value is out of range."""
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be an integer >= 1 (or None), got {self.max_tokens!r}")
+        """Raise SamplingParamError naming the field and its allowed range if a value is out of range."""
+        if self.max_tokens is not None and (
+            not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1
+        ):
+            raise SamplingParamError("max_tokens", f"max_tokens must be an integer >= 1 (or None), got {self.max_tokens!r}")
         if not _is_finite_number(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+            raise SamplingParamError("temperature", f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not _is_finite_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ValueError(f"top_k must be an integer >= 1, or -1/0 to disable it, got {self.top_k!r}")
+            raise SamplingParamError("top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
+            raise SamplingParamError("top_k", f"top_k must be an integer >= 1, or -1/0 to disable it, got {self.top_k!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+            raise SamplingParamError("seed", f"seed must be an integer or None, got {self.seed!r}")
         for token_id in self.stop_token_ids:
             if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
-                raise ValueError(
-                    f"stop token id {token_id} is not in the vocabulary (allowed: 0..{(vocab_size or 1) - 1})"
+                raise SamplingParamError(
+                    "stop", f"stop token id {token_id} is not in the vocabulary (allowed: 0..{(vocab_size or 1) - 1})"
                 )
         for text in self.stop_strings:
             if not text:
-                raise ValueError("stop strings must be non-empty")
+                raise SamplingParamError("stop", "stop strings must be non-empty")
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -92,7 +102,7 @@ class SamplingParams:
         ids = []
         for s in self.stop:
             if isinstance(s, bool) or not isinstance(s, (int, str)):
-                raise ValueError(f"stop entries must be strings or token ids, got {s!r}")
+                raise SamplingParamError("stop", f"stop entries must be strings or token ids, got {s!r}")
             if isinstance(s, int):
                 ids.append(s)
         return tuple(ids)
@@ -127,6 +137,16 @@ class SampleResult:
 
     prompt_tokens: list[int]
     sequences: list[SampledSequence]
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One token as it is sampled, for streaming: which sample of the request, the id, its logprob."""
+
+    sample_index: int
+    token: int
+    logprob: float
+    policy_version: int
 
 
 @runtime_checkable
@@ -164,3 +184,31 @@ class TokenSampler(Protocol):
     async def compute_logprobs_async(self, token_ids: Sequence[int]) -> list[float | None]:
         """Async form of `compute_logprobs`."""
         ...
+
+
+@runtime_checkable
+class StreamingTokenSampler(TokenSampler, Protocol):
+    """A sampler that can hand out tokens while it samples them."""
+
+    def sample_stream(
+        self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
+    ) -> AsyncIterator[TokenEvent | SampleResult]:
+        """Yield a TokenEvent per sampled token as it is made, then the full SampleResult last."""
+        ...
+
+
+async def stream_tokens(
+    sampler: TokenSampler, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
+) -> AsyncIterator[TokenEvent | SampleResult]:
+    """Token events then the result: live from a streaming sampler, else replayed after sampling."""
+    if isinstance(sampler, StreamingTokenSampler):
+        async for item in sampler.sample_stream(prompt_tokens, params, num_samples):
+            yield item
+        return
+    result = await sampler.sample_async(prompt_tokens, params, num_samples)
+    for index, sequence in enumerate(result.sequences):
+        for token, logprob, version in zip(
+            sequence.tokens, sequence.logprobs, sequence.token_policy_versions, strict=True
+        ):
+            yield TokenEvent(index, token, logprob, version)
+    yield result

@@ -24,14 +24,20 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from agl_bridge.sampler.base import ContextLengthError, SampledSequence, SampleResult, SamplingParams
+from agl_bridge.sampler.base import (
+    ContextLengthError,
+    SampledSequence,
+    SampleResult,
+    SamplingParams,
+    TokenEvent,
+)
 from agl_bridge.sampler.kv_batch import KVBatch
 from agl_bridge.sampler.sampling import RowSampling, choose_tokens
 from agl_bridge.sampler.stopping import StopChecker
@@ -52,6 +58,7 @@ class _SampleRequest:
     stop_checker: StopChecker
     future: concurrent.futures.Future[SampleResult]
     sequences: list[SampledSequence | None] = field(default_factory=list)
+    on_token: Callable[[TokenEvent], None] | None = None
 
 
 @dataclass
@@ -152,10 +159,20 @@ class HFSampler:
         return self._vocab_size
 
     def submit(
-        self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
+        self,
+        prompt_tokens: Sequence[int],
+        params: SamplingParams,
+        num_samples: int = 1,
+        *,
+        on_token: Callable[[TokenEvent], None] | None = None,
     ) -> concurrent.futures.Future[SampleResult]:
-        """Queue a sample request and return a future; cancelling it frees its batch slots."""
+        """Queue a sample request and return a future; cancelling it frees its batch slots.
+
+        `on_token`, if given, is called from the sampler's worker thread for every token as it is
+        sampled; keep it cheap (hand the event to another thread or loop).
+        """
         request = self._make_request(prompt_tokens, params, num_samples)
+        request.on_token = on_token
         self._put(request)
         return request.future
 
@@ -169,6 +186,23 @@ class HFSampler:
         """Async form of `sample`; cancelling the awaiting task cancels the request."""
         return await asyncio.wrap_future(self.submit(prompt_tokens, params, num_samples))
 
+    async def sample_stream(
+        self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
+    ) -> AsyncIterator[TokenEvent | SampleResult]:
+        """Yield a TokenEvent per token as it is sampled, then the SampleResult; leaving early cancels."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[TokenEvent | None] = asyncio.Queue()
+        future = self.submit(
+            prompt_tokens, params, num_samples, on_token=lambda event: loop.call_soon_threadsafe(events.put_nowait, event)
+        )
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(events.put_nowait, None))
+        try:
+            while (event := await events.get()) is not None:
+                yield event
+            yield future.result()
+        finally:
+            future.cancel()
+
     def compute_logprobs(self, token_ids: Sequence[int]) -> list[float | None]:
         """Raw logprob of each token given the tokens before it; the first entry is None."""
         return self._call(lambda: self._score(list(token_ids))).result()
@@ -176,6 +210,16 @@ class HFSampler:
     async def compute_logprobs_async(self, token_ids: Sequence[int]) -> list[float | None]:
         """Async form of `compute_logprobs`."""
         return await asyncio.wrap_future(self._call(lambda: self._score(list(token_ids))))
+
+    async def compute_top_logprobs_async(
+        self, token_ids: Sequence[int], k: int, start: int
+    ) -> list[list[tuple[int, float]]]:
+        """For each position from `start` on, the k most likely tokens there and their raw logprobs.
+
+        Scored with the weights current at call time, which can differ from the ones that sampled
+        the tokens if a swap happened in between.
+        """
+        return await asyncio.wrap_future(self._call(lambda: self._top_logprobs(list(token_ids), k, start)))
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int:
         """Copy full weights in between decode steps; returns the new policy version."""
@@ -295,6 +339,14 @@ class HFSampler:
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, input_ids[0, 1:].unsqueeze(1)).squeeze(1)
         return [None, *logprobs.tolist()]
 
+    def _top_logprobs(self, tokens: list[int], k: int, start: int) -> list[list[tuple[int, float]]]:
+        if not 1 <= start < len(tokens) <= self._max_context:
+            raise ValueError(f"start must be in 1..{len(tokens) - 1} and the sequence fit the context")
+        logits = self.model(input_ids=torch.tensor([tokens], device=self._device), use_cache=False).logits
+        logprobs = torch.log_softmax(logits[0, start - 1 : -1].float(), dim=-1)
+        values, indices = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+        return [list(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(indices, values, strict=True)]
+
     def _admit_waiting(self) -> None:
         free = self.max_batch_size - len(self._rows)
         batch: list[_SampleRequest] = []
@@ -371,12 +423,30 @@ class HFSampler:
             row.tokens.append(token)
             row.logprobs.append(logprob)
             row.versions.append(self._policy_version)
+            if not self._notify(row, TokenEvent(row.sample_index, token, logprob, self._policy_version)):
+                finished.append(first_row + offset)
+                continue
             reason = row.request.stop_checker.check(row.tokens)
             if reason is not None:
                 self._finish(row, reason)
                 finished.append(first_row + offset)
         if finished:
             self._remove_rows(set(finished))
+
+    @staticmethod
+    def _notify(row: _Row, event: TokenEvent) -> bool:
+        """Hand a token to the request's listener; False (and the request failed) if it cannot take it."""
+        request = row.request
+        if request.on_token is None:
+            return True
+        if request.future.done():
+            return False
+        try:
+            request.on_token(event)
+        except Exception as error:  # e.g. the listener's event loop closed: only this request fails
+            request.future.set_exception(error)
+            return False
+        return True
 
     def _finish(self, row: _Row, reason: str) -> None:
         request = row.request

@@ -14,7 +14,7 @@ import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
-from agl_bridge.sampler.base import ContextLengthError, SamplingParams, TokenSampler
+from agl_bridge.sampler.base import ContextLengthError, SampleResult, SamplingParams, TokenSampler
 from agl_bridge.sampler.hf import HFSampler
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, stop=[])
@@ -230,3 +230,35 @@ def test_bad_weight_updates_are_refused(tiny_model_dir: Path, tiny_tokenizer) ->
             sampler.load_lora({"model.layers.0.mlp.up_proj.lora_B.weight": torch.zeros(384, 4)}, scaling=1.0)
         assert sampler.policy_version == 0
         assert sampler.sample([1, 2], SamplingParams(max_tokens=2, stop=[])).sequences[0].tokens
+
+
+async def test_stream_yields_each_token_then_the_same_result(sampler: HFSampler) -> None:
+    prompt = _prompts(1, seed=16)[0]
+    params = SamplingParams(max_tokens=12, stop=[], seed=4)
+    items = [item async for item in sampler.sample_stream(prompt, params, num_samples=2)]
+    *events, result = items
+    assert isinstance(result, SampleResult)
+    for index, sequence in enumerate(result.sequences):
+        mine = [e for e in events if e.sample_index == index]
+        assert [e.token for e in mine] == sequence.tokens
+        assert [e.logprob for e in mine] == sequence.logprobs
+    assert result.sequences[0].tokens == sampler.sample(prompt, params).sequences[0].tokens
+
+
+async def test_leaving_a_stream_early_cancels_the_request(sampler: HFSampler) -> None:
+    stream = sampler.sample_stream([1, 2, 3], SamplingParams(max_tokens=3000, stop=[]))
+    async for _ in stream:
+        break
+    await stream.aclose()
+    assert (await sampler.sample_async([4, 5], SamplingParams(max_tokens=3, stop=[]))).sequences[0].tokens
+
+
+async def test_top_logprobs_rank_the_scored_distribution(sampler: HFSampler) -> None:
+    prompt = _prompts(1, seed=17)[0]
+    sequence = sampler.sample(prompt, SamplingParams(max_tokens=6, stop=[], temperature=0)).sequences[0]
+    top = await sampler.compute_top_logprobs_async(prompt + sequence.tokens, 3, start=len(prompt))
+    assert len(top) == len(sequence.tokens)
+    for (best_token, best_logprob), token, logprob in zip((t[0] for t in top), sequence.tokens, sequence.logprobs):
+        assert best_token == token  # greedy picks the top-ranked token
+        assert best_logprob == pytest.approx(logprob, abs=1e-4)
+    assert all(t[0][1] >= t[1][1] >= t[2][1] for t in top)

@@ -1,0 +1,218 @@
+"""The LiteLLM custom provider: LiteLLM's proxy hands it chat requests, `ChatService` serves them.
+
+Registered under the provider name `agl`, so a LiteLLM model entry `{"model": "agl/tiny"}` routes
+to the service registered for `tiny`. Responses carry vLLM's extra fields when the request asks
+with `"return_token_ids": true`: top-level `prompt_token_ids` and `choices[i].token_ids`; in a
+stream, every chunk carries the ids of the tokens whose text it holds.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from functools import lru_cache
+from typing import Any
+
+from litellm import CustomLLM
+from litellm.types.utils import (
+    ChatCompletionMessageToolCall,
+    Choices,
+    Delta,
+    Function,
+    Message,
+    ModelResponse,
+    ModelResponseStream,
+    StreamingChoices,
+    Usage,
+)
+
+from agl_bridge.chat import PromptEncoding, ToolCall
+from agl_bridge.proxy.errors import RequestError, to_litellm_error
+from agl_bridge.proxy.service import ChatRequest, ChatResult, ChatService, RolloutRoute, route_of_headers
+from agl_bridge.proxy.streaming import StreamDelta
+
+PROVIDER_NAME = "agl"
+
+
+class AglProvider(CustomLLM):
+    """LiteLLM `CustomLLM` over the `ChatService`s registered by served model name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._services: dict[str, ChatService] = {}
+
+    def register(self, service: ChatService) -> None:
+        """Serve `service.model_name` (as LiteLLM model `agl/<name>`)."""
+        self._services[service.model_name] = service
+
+    def service(self, model: str) -> ChatService:
+        """The service behind `model`; a 400 naming the served models if there is none."""
+        name = model.removeprefix(f"{PROVIDER_NAME}/")
+        if name not in self._services:
+            raise to_litellm_error(
+                RequestError(f"model {model!r} is not served here; served: {sorted(self._services)}", "model"), model
+            )
+        return self._services[name]
+
+    async def acompletion(self, model: str, messages: list, api_base: Any, custom_prompt_dict: Any,
+                          model_response: ModelResponse, print_verbose: Any, encoding: Any, api_key: Any,
+                          logging_obj: Any, optional_params: dict, acompletion: Any = None,
+                          litellm_params: dict | None = None, logger_fn: Any = None, headers: Any = None,
+                          timeout: Any = None, client: Any = None) -> ModelResponse:
+        """Serve a non-streaming chat completion."""
+        service = self.service(model)
+        try:
+            request = service.parse_request({**optional_params, "messages": messages})
+            result = await service.complete(request, route_of(litellm_params))
+        except RequestError as error:
+            raise to_litellm_error(error, model) from None
+        return _fill_response(model_response, model, service, request, result)
+
+    async def astreaming(self, model: str, messages: list, api_base: Any, custom_prompt_dict: Any,
+                         model_response: ModelResponse, print_verbose: Any, encoding: Any, api_key: Any,
+                         logging_obj: Any, optional_params: dict, acompletion: Any = None,
+                         litellm_params: dict | None = None, logger_fn: Any = None, headers: Any = None,
+                         timeout: Any = None, client: Any = None) -> AsyncIterator[ModelResponseStream]:
+        """Serve a streaming chat completion, token by token."""
+        service = self.service(model)
+        try:
+            request = service.parse_request({**optional_params, "messages": messages})
+            chunks = _stream_chunks(service, request, route_of(litellm_params), model)
+            async for chunk in chunks:
+                yield chunk
+        except RequestError as error:
+            raise to_litellm_error(error, model) from None
+
+
+def route_of(litellm_params: Mapping[str, Any] | None) -> RolloutRoute:
+    """The rollout, attempt and agent a LiteLLM call belongs to, from its request headers."""
+    params = litellm_params or {}
+    metadata = params.get("metadata") or {}
+    headers = metadata.get("headers") or (params.get("proxy_server_request") or {}).get("headers") or {}
+    return route_of_headers(headers)
+
+
+def _fill_response(
+    response: ModelResponse, model: str, service: ChatService, request: ChatRequest, result: ChatResult
+) -> ModelResponse:
+    choices = []
+    for choice in result.choices:
+        message = Message(content=choice.message.content, role="assistant", tool_calls=_tool_calls(choice.message.tool_calls))
+        logprobs = _logprobs(service, choice.sequence.tokens, choice.sequence.logprobs, choice.top_logprobs) if request.logprobs else None
+        out = Choices(index=choice.index, message=message, finish_reason=choice.message.finish_reason, logprobs=logprobs)
+        if request.return_token_ids:
+            out.token_ids = list(choice.sequence.tokens)
+        choices.append(out)
+    response.choices = choices
+    response.model = model
+    response.usage = _usage(result)
+    if request.return_token_ids:
+        response.prompt_token_ids = list(result.prompt_token_ids)
+    return response
+
+
+async def _stream_chunks(
+    service: ChatService, request: ChatRequest, route: RolloutRoute, model: str
+) -> AsyncIterator[ModelResponseStream]:
+    """SSE chunks. Each choice's newest delta is held back one step so that its last chunk has
+    content to carry finish_reason and usage (LiteLLM drops a trailing chunk without content)."""
+    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    prompt_ids: list[int] | None = None
+    held: dict[int, StreamDelta] = {}
+
+    def make_chunk(choice: StreamingChoices, usage: Usage | None = None) -> ModelResponseStream:
+        nonlocal prompt_ids
+        out = ModelResponseStream(id=response_id, created=created, model=model, choices=[choice])
+        if prompt_ids is not None:
+            out.prompt_token_ids = prompt_ids  # vLLM sends the prompt ids once, on the first chunk
+            prompt_ids = None
+        if usage is not None:
+            out.usage = usage
+        return out
+
+    async for item in service.stream(request, route):
+        if isinstance(item, PromptEncoding):
+            prompt_ids = list(item.token_ids) if request.return_token_ids else None
+        elif isinstance(item, StreamDelta):
+            previous, held[item.index] = held.get(item.index), item
+            if previous is not None:
+                yield make_chunk(_streaming_choice(service, request, previous))
+        else:
+            last = len(item.choices) - 1
+            for position, (choice, piece) in enumerate(zip(item.choices, item.final_pieces, strict=True)):
+                before = held.pop(choice.index, None) or StreamDelta(choice.index, "", [], [])
+                delta = StreamDelta(
+                    choice.index,
+                    before.text + piece.text,
+                    before.token_ids + piece.token_ids,
+                    before.logprobs + piece.logprobs,
+                )
+                final = _streaming_choice(
+                    service, request, delta, tool_calls=_tool_call_deltas(piece.message.tool_calls) or None
+                )
+                final.finish_reason = choice.message.finish_reason
+                yield make_chunk(final, usage=_usage(item) if position == last else None)
+
+
+def _streaming_choice(
+    service: ChatService, request: ChatRequest, delta: StreamDelta, tool_calls: list[dict[str, Any]] | None = None
+) -> StreamingChoices:
+    out = StreamingChoices(
+        index=delta.index,
+        delta=Delta(role="assistant", content=delta.text, tool_calls=tool_calls),
+        logprobs=_logprobs(service, delta.token_ids, delta.logprobs, None) if request.logprobs else None,
+    )
+    if request.return_token_ids:
+        out.token_ids = list(delta.token_ids)
+    return out
+
+
+def _tool_calls(calls: list[ToolCall]) -> list[ChatCompletionMessageToolCall] | None:
+    if not calls:
+        return None
+    return [
+        ChatCompletionMessageToolCall(id=c.id, type="function", function=Function(name=c.function.name, arguments=c.function.arguments))
+        for c in calls
+    ]
+
+
+def _tool_call_deltas(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    return [
+        {"index": i, "id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+        for i, c in enumerate(calls)
+    ]
+
+
+def _usage(result: ChatResult) -> Usage:
+    prompt = len(result.prompt_token_ids)
+    return Usage(prompt_tokens=prompt, completion_tokens=result.completion_tokens, total_tokens=prompt + result.completion_tokens)
+
+
+def _logprobs(
+    service: ChatService, tokens: list[int], logprobs: list[float], top: list[list[tuple[int, float]]] | None
+) -> dict[str, Any]:
+    """OpenAI `logprobs.content`: each token's text, raw logprob, bytes and (if asked) alternatives."""
+    text_of = _token_texts(service)
+    content = []
+    for position, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True)):
+        text = text_of(token)
+        alternatives = [] if top is None else [
+            {"token": text_of(t), "logprob": lp, "bytes": list(text_of(t).encode())} for t, lp in top[position]
+        ]
+        content.append({"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": alternatives})
+    return {"content": content}
+
+
+def _token_texts(service: ChatService) -> Any:
+    return _cached_decoder(id(service.codec.tokenizer), service.codec.tokenizer)
+
+
+@lru_cache(maxsize=8)
+def _cached_decoder(_key: int, tokenizer: Any) -> Any:
+    @lru_cache(maxsize=65536)
+    def text_of(token: int) -> str:
+        return tokenizer.decode([token], skip_special_tokens=False)
+
+    return text_of

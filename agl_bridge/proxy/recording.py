@@ -1,0 +1,176 @@
+"""Committing served calls to the store, each also mirrored as an OpenTelemetry span.
+
+A call is written durably before its response is handed back, so a reward the agent emits after
+reading the response always gets a later store sequence than the call. The OTel span carries the
+same data (GenAI semantic-convention keys plus ours) for users who export traces elsewhere; its
+attributes are only built when a real tracer provider records it.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+
+from agl_bridge import semconv
+from agl_bridge.sampler.base import SampledSequence, SampleResult
+from agl_bridge.store.base import Store
+from agl_bridge.types import LLMCall, Usage
+
+if TYPE_CHECKING:
+    from agl_bridge.proxy.service import ChatRequest, ChatResult, RolloutRoute
+
+
+class CallRecorder:
+    """Writes `LLMCall` records for served requests into a store."""
+
+    def __init__(self, store: Store, tracer: trace.Tracer | None = None) -> None:
+        self.store = store
+        self.tracer = tracer or trace.get_tracer(semconv.TRACER_NAME)
+
+    async def record(
+        self, request: ChatRequest, route: RolloutRoute, model: str, result: ChatResult, started: float
+    ) -> list[int]:
+        """Store one token-level call per choice of a chat request; return their sequences."""
+        breaks = [_break_record(b) for b in result.prompt.prefix_breaks]
+        return await self._record_choices(
+            route,
+            model,
+            result.prompt_token_ids,
+            [(c.sequence, c.message.text, c.message.finish_reason) for c in result.choices],
+            messages=request.messages,
+            prefix_breaks=breaks,
+            started=started,
+        )
+
+    async def record_completion(
+        self, route: RolloutRoute, *, model: str, prompt_token_ids: list[int], sampled: SampleResult, started: float, tokenizer: Any
+    ) -> list[int]:
+        """Store one token-level call per sequence of a token-prompt completion (no messages)."""
+        choices = [(s, tokenizer.decode(s.tokens, skip_special_tokens=False), s.stop_reason) for s in sampled.sequences]
+        return await self._record_choices(route, model, prompt_token_ids, choices, messages=[], prefix_breaks=[], started=started)
+
+    async def _record_choices(
+        self,
+        route: RolloutRoute,
+        model: str,
+        prompt_token_ids: list[int],
+        choices: Sequence[tuple[SampledSequence, str, str]],
+        *,
+        messages: list[dict[str, Any]],
+        prefix_breaks: list[dict[str, Any]],
+        started: float,
+    ) -> list[int]:
+        """Choices of one request share one store sequence (told apart by choice_index)."""
+        ended = time.time()
+        sequence = None
+        if len(choices) > 1:
+            sequence = await self.store.next_sequence(route.rollout_id, route.attempt_id)
+        calls = [
+            LLMCall(
+                rollout_id=route.rollout_id,
+                attempt_id=route.attempt_id,
+                sequence=sequence,
+                model=model,
+                kind=semconv.CALL_KIND_TOKEN,
+                prompt_token_ids=prompt_token_ids,
+                response_token_ids=sampled.tokens,
+                response_logprobs=sampled.logprobs,
+                token_policy_versions=sampled.token_policy_versions,
+                messages=messages,
+                response_text=text,
+                finish_reason=finish_reason,
+                agent_name=route.agent_name,
+                started_at=started,
+                ended_at=ended,
+                choice_index=index,
+                prefix_breaks=prefix_breaks,
+                usage=Usage(input_tokens=len(prompt_token_ids), output_tokens=len(sampled.tokens)),
+            )
+            for index, (sampled, text, finish_reason) in enumerate(choices)
+        ]
+        return await self._commit(calls)
+
+    async def record_text_call(
+        self,
+        route: RolloutRoute,
+        *,
+        model: str,
+        messages: Sequence[dict[str, Any]],
+        response_text: str | None,
+        finish_reason: str | None,
+        started: float,
+        ended: float,
+        usage: Usage | None = None,
+    ) -> int:
+        """Store a call to a model that returns text only (kept for export, never trained on)."""
+        call = LLMCall(
+            rollout_id=route.rollout_id,
+            attempt_id=route.attempt_id,
+            model=model,
+            kind=semconv.CALL_KIND_TEXT,
+            messages=list(messages),
+            response_text=response_text,
+            finish_reason=finish_reason,
+            agent_name=route.agent_name,
+            started_at=started,
+            ended_at=ended,
+            usage=usage,
+        )
+        return (await self._commit([call]))[0]
+
+    async def _commit(self, calls: list[LLMCall]) -> list[int]:
+        for call in calls:
+            span = self.tracer.start_span(semconv.SPAN_LLM_CALL, start_time=_ns(call.started_at))
+            context = span.get_span_context()
+            if context.is_valid:
+                call.span_id, call.trace_id = f"{context.span_id:016x}", f"{context.trace_id:032x}"
+            else:
+                call.span_id, call.trace_id = secrets.token_hex(8), secrets.token_hex(16)
+            if span.is_recording():
+                span.set_attributes(span_attributes(call))
+            span.end(end_time=_ns(call.ended_at))
+        if len(calls) == 1:
+            return [await self.store.add_llm_call(calls[0])]
+        return await self.store.add_llm_calls(calls)
+
+
+def span_attributes(call: LLMCall) -> dict[str, Any]:
+    """The OTel attributes of an LLM-call span (GenAI semantic conventions plus agl.*)."""
+    attributes: dict[str, Any] = {
+        semconv.GEN_AI_OPERATION_NAME: semconv.GEN_AI_OPERATION_CHAT,
+        semconv.GEN_AI_REQUEST_MODEL: call.model,
+        semconv.GEN_AI_RESPONSE_MODEL: call.model,
+        semconv.AGL_CALL_KIND: call.kind,
+        semconv.AGL_CHOICE_INDEX: call.choice_index,
+        semconv.AGL_REQUEST_MESSAGES: json.dumps(call.messages, ensure_ascii=False),
+    }
+    optional = {
+        semconv.GEN_AI_RESPONSE_FINISH_REASONS: [call.finish_reason] if call.finish_reason else None,
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: call.usage.input_tokens if call.usage else None,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: call.usage.output_tokens if call.usage else None,
+        semconv.AGL_ROLLOUT_ID: call.rollout_id,
+        semconv.AGL_ATTEMPT_ID: call.attempt_id,
+        semconv.AGL_AGENT_NAME: call.agent_name,
+        semconv.AGL_RESPONSE_TEXT: call.response_text,
+        semconv.AGL_PROMPT_TOKEN_IDS: call.prompt_token_ids or None,
+        semconv.AGL_RESPONSE_TOKEN_IDS: call.response_token_ids or None,
+        semconv.AGL_RESPONSE_LOGPROBS: call.response_logprobs or None,
+        semconv.AGL_TOKEN_POLICY_VERSIONS: call.token_policy_versions or None,
+        semconv.AGL_POLICY_VERSION: call.policy_version,
+        semconv.AGL_PREFIX_BREAKS: json.dumps(call.prefix_breaks) if call.prefix_breaks else None,
+    }
+    attributes.update({key: value for key, value in optional.items() if value is not None})
+    return attributes
+
+
+def _break_record(prefix_break: Any) -> dict[str, Any]:
+    return {"message_index": prefix_break.message_index, "kind": prefix_break.kind, "reason": prefix_break.reason}
+
+
+def _ns(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds * 1e9)

@@ -1,0 +1,311 @@
+"""Running the proxy: LiteLLM's proxy server with our provider, gateway, routes and store.
+
+`ProxyServer` runs everything on one asyncio loop — in a background thread (`start`/`stop`, used by
+the trainer and the tests, which also share the sampler) or in the calling thread
+(`serve_forever`, used by `agl-bridge serve`). LiteLLM's proxy keeps its state in module globals,
+so one process holds at most one proxy.
+
+Served model names map to LiteLLM entries `agl/<name>`; a user LiteLLM config adds other models
+(judges, frozen answerers) to the same endpoint, and calls to them are recorded as text-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from agl_bridge.chat import ChatCodec
+from agl_bridge.proxy.completions import make_completions_router
+from agl_bridge.proxy.errors import RequestError
+from agl_bridge.proxy.gateway import Gateway
+from agl_bridge.proxy.provider import PROVIDER_NAME, AglProvider
+from agl_bridge.proxy.recording import CallRecorder
+from agl_bridge.proxy.service import ChatService
+from agl_bridge.proxy.text_calls import TextCallLogger
+from agl_bridge.sampler.base import TokenSampler
+from agl_bridge.store.sqlite import SQLiteStore
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
+
+
+class ProxyStartError(RuntimeError):
+    """The proxy cannot start; the message says why and what to do."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the server reachable from this machine only."""
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def choose_api_key(host: str, api_key: str | None) -> tuple[str, bool]:
+    """The key to require and whether it was generated; a non-loopback bind needs an explicit key."""
+    if api_key:
+        return api_key, False
+    if not is_loopback(host):
+        raise ProxyStartError(
+            f"refusing to bind {host} (reachable from other machines) without an explicit key: pass "
+            "--api-key KEY (or set AGL_API_KEY), or bind 127.0.0.1"
+        )
+    return "sk-agl-" + secrets.token_urlsafe(24), True
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on (host, port), port 0 picking a free one; a clear error if it is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise ProxyStartError(
+            f"cannot listen on {host}:{port} ({error.strerror}); the port is in use or the address is not "
+            "this machine's: pick another with --port (0 picks a free one) or stop the process using it"
+        ) from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def litellm_config(served: list[str], api_key: str, user_config: Path | None = None) -> dict[str, Any]:
+    """The LiteLLM proxy config: our models first, then the user's; retries off, our key."""
+    user: dict[str, Any] = {}
+    if user_config is not None:
+        try:
+            user = yaml.safe_load(Path(user_config).read_text()) or {}
+        except (OSError, yaml.YAMLError) as error:
+            raise ProxyStartError(f"cannot read the LiteLLM config {user_config}: {error}") from None
+        if not isinstance(user, dict):
+            raise ProxyStartError(f"the LiteLLM config {user_config} must be a mapping with model_list etc.")
+    user_models = user.get("model_list") or []
+    if not isinstance(user_models, list):
+        raise ProxyStartError(f"model_list in {user_config} must be a list")
+    clashes = sorted({m.get("model_name") for m in user_models if isinstance(m, dict)} & set(served))
+    if clashes:
+        raise ProxyStartError(f"the LiteLLM config {user_config} also defines {clashes}, which agl-bridge serves; rename them")
+    litellm_settings = dict(user.get("litellm_settings") or {})
+    if "custom_provider_map" in litellm_settings:
+        raise ProxyStartError(f"litellm_settings.custom_provider_map in {user_config} would replace agl-bridge's provider; remove it")
+    general = {**(user.get("general_settings") or {}), "master_key": api_key}
+    general.setdefault("trusted_proxy_ranges", [])
+    return {
+        "model_list": [{"model_name": name, "litellm_params": {"model": f"{PROVIDER_NAME}/{name}"}} for name in served]
+        + user_models,
+        "litellm_settings": {"drop_params": False, "expose_router_debug_in_errors": False, **litellm_settings},
+        "router_settings": {"num_retries": 0, "disable_cooldowns": True, **(user.get("router_settings") or {})},
+        "general_settings": general,
+    }
+
+
+class ProxyServer:
+    """The proxy over one sampler, recording into a SQLite store."""
+
+    _claimed = False
+    _claim_lock = threading.Lock()
+
+    def __init__(
+        self,
+        *,
+        sampler: TokenSampler,
+        tokenizer: Any,
+        store_path: str | os.PathLike[str],
+        model_name: str = "tiny",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        litellm_config_path: str | os.PathLike[str] | None = None,
+        default_max_tokens: int = 1024,
+    ) -> None:
+        self.sampler = sampler
+        self.codec = ChatCodec(tokenizer)
+        self.store_path = Path(store_path)
+        self.model_name = model_name
+        self.host = host
+        self.api_key, self.generated_key = choose_api_key(host, api_key)
+        self._socket = bind_socket(host, port)
+        self.port = self._socket.getsockname()[1]
+        self._user_config = None if litellm_config_path is None else Path(litellm_config_path)
+        self.default_max_tokens = default_max_tokens
+        self.store: SQLiteStore | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._uvicorn: Any = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._config_dir: str | None = None
+
+    # ---------------------------------------------------------------- addresses
+
+    @property
+    def base_url(self) -> str:
+        """`http://host:port` of the server."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def openai_base_url(self, rollout_id: str | None = None, attempt_id: str | None = None) -> str:
+        """The `base_url` an OpenAI client uses, optionally routed to one rollout attempt."""
+        if rollout_id is None:
+            return f"{self.base_url}/v1"
+        return f"{self.base_url}/rollout/{rollout_id}/attempt/{attempt_id or 'a0'}/v1"
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self, timeout: float = 180.0) -> ProxyServer:
+        """Start in a background thread and return once the server answers requests."""
+        self._thread = threading.Thread(target=self._run_in_thread, name="agl-proxy", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout) or self._failure is not None:
+            self.stop()
+            if self._failure is not None:
+                raise ProxyStartError(f"the proxy failed to start: {self._failure}") from self._failure
+            raise ProxyStartError(f"the proxy did not become ready within {timeout:.0f}s")
+        return self
+
+    def serve_forever(self, on_ready: Any = None) -> None:
+        """Run in the calling thread until interrupted (Ctrl-C / SIGTERM)."""
+        asyncio.run(self._main(on_ready))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop serving, flush and close the store, and release the port."""
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._socket.close()
+
+    def __enter__(self) -> ProxyServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def run_coroutine(self, coroutine: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        """Run a coroutine on the server's loop (e.g. a store query) from another thread."""
+        if self.loop is None:
+            raise RuntimeError("the proxy is not running")
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    # ---------------------------------------------------------------- internals
+
+    def _run_in_thread(self) -> None:
+        try:
+            asyncio.run(self._main(None))
+        except BaseException as error:  # reported to start() instead of dying silently in the thread
+            self._failure = error
+            self._ready.set()
+
+    async def _main(self, on_ready: Any) -> None:
+        with ProxyServer._claim_lock:
+            if ProxyServer._claimed:
+                raise ProxyStartError("a proxy already ran in this process; LiteLLM's proxy supports one per process")
+            ProxyServer._claimed = True
+        import uvicorn
+
+        from agl_bridge.tracing import StoreSink, make_traces_router, set_reward_sink
+
+        self.loop = asyncio.get_running_loop()
+        self.store = SQLiteStore(self.store_path)
+        await self.store.open()
+        previous_sink = set_reward_sink(StoreSink(self.store, self.loop))
+        try:
+            recorder = CallRecorder(self.store)
+            service = ChatService(
+                sampler=self.sampler,
+                codec=self.codec,
+                recorder=recorder,
+                model_name=self.model_name,
+                default_max_tokens=self.default_max_tokens,
+                max_samples_per_request=getattr(self.sampler, "max_batch_size", 64),
+            )
+            app = self._litellm_app(service, recorder, make_traces_router(self.store))
+            config = uvicorn.Config(
+                Gateway(app, api_key=self.api_key),
+                loop="asyncio",  # uvloop crashed LiteLLM (ContextVar.set segfault) under error-heavy load
+                lifespan="on",
+                log_level="warning",
+                access_log=False,
+                timeout_graceful_shutdown=5,
+            )
+            self._uvicorn = uvicorn.Server(config)
+            serving = asyncio.create_task(self._uvicorn.serve(sockets=[self._socket]))
+            while not self._uvicorn.started and not serving.done():
+                await asyncio.sleep(0.02)
+            if serving.done():
+                await serving
+                raise ProxyStartError("the HTTP server stopped during start-up")
+            self._ready.set()
+            if on_ready is not None:
+                on_ready(self)
+            await serving
+        finally:
+            set_reward_sink(previous_sink)
+            await self.store.close()
+            if self._config_dir is not None:
+                shutil.rmtree(self._config_dir, ignore_errors=True)
+
+    def _litellm_app(self, service: ChatService, recorder: CallRecorder, traces_router: Any) -> Any:
+        import litellm
+        from litellm.utils import custom_llm_setup
+
+        provider = AglProvider()
+        provider.register(service)
+        litellm.custom_provider_map = [{"provider": PROVIDER_NAME, "custom_handler": provider}]
+        custom_llm_setup()
+        litellm.callbacks = [*[c for c in litellm.callbacks if not isinstance(c, TextCallLogger)], TextCallLogger(recorder)]
+
+        self._config_dir = tempfile.mkdtemp(prefix="agl-litellm-")
+        config_path = Path(self._config_dir) / "litellm_config.yaml"
+        config_path.write_text(yaml.safe_dump(litellm_config([self.model_name], self.api_key, self._user_config)))
+        os.environ["CONFIG_FILE_PATH"] = str(config_path)  # LiteLLM reads its config path at start-up
+
+        from litellm.proxy import proxy_server
+
+        def service_for(model: str) -> ChatService:
+            try:
+                return provider.service(model)
+            except Exception as error:
+                raise RequestError(str(getattr(error, "message", error)), "model") from None
+
+        app = proxy_server.app
+        ours = [*make_completions_router(service_for).routes, *traces_router.routes]
+        app.router.routes[:0] = ours  # ahead of LiteLLM's routes of the same paths
+        return app
+
+
+def wait_until_healthy(base_url: str, timeout: float = 60.0) -> None:
+    """Poll the liveness route of a proxy started elsewhere (e.g. a subprocess) until it answers."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base_url}/health/liveliness", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise ProxyStartError(f"no proxy answered at {base_url} within {timeout:.0f}s")
+
+

@@ -1,0 +1,55 @@
+"""Recording calls to models LiteLLM serves for us without token ids (judges, frozen answerers).
+
+A user's LiteLLM config can route other models through the same endpoint; their calls cannot be
+trained on, but they belong to the rollout's story and are kept for export as text-only calls.
+Calls to our own provider are skipped here: the provider records those itself, with token ids.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from litellm.integrations.custom_logger import CustomLogger
+
+from agl_bridge.proxy.provider import PROVIDER_NAME, route_of
+from agl_bridge.proxy.recording import CallRecorder
+from agl_bridge.types import Usage
+
+logger = logging.getLogger(__name__)
+
+
+class TextCallLogger(CustomLogger):
+    """A LiteLLM success callback that stores text-only calls in the rollout they belong to."""
+
+    def __init__(self, recorder: CallRecorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    async def async_log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
+        """Store the call unless our own provider served (and recorded) it."""
+        litellm_params = kwargs.get("litellm_params") or {}
+        if (kwargs.get("custom_llm_provider") or litellm_params.get("custom_llm_provider")) == PROVIDER_NAME:
+            return
+        try:
+            choice = response_obj.choices[0]
+            usage = getattr(response_obj, "usage", None)
+            await self.recorder.record_text_call(
+                route_of(litellm_params),
+                model=str(kwargs.get("model")),
+                messages=list(kwargs.get("messages") or []),
+                response_text=getattr(choice.message, "content", None),
+                finish_reason=getattr(choice, "finish_reason", None),
+                started=_seconds(start_time),
+                ended=_seconds(end_time),
+                usage=Usage(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens) if usage else None,
+            )
+        except Exception:  # a logging failure must not fail the user's request; it is reported
+            logger.exception("could not record a text-only call to %s", kwargs.get("model"))
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return float(value) if isinstance(value, (int, float)) else None
