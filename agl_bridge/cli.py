@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -109,6 +110,68 @@ _EXPORT_HELP = (
     "rollout first, then by rollout id, attempt id and sequence, with rewards interleaved among the calls "
     "by sequence. Floats round-trip exactly through Python's json (a -inf logprob is written -Infinity)."
 )
+
+
+def _check_writable_store(store: Path) -> None:
+    """Fail with one line if the store file cannot be created or written where it was asked for."""
+    folder = store.resolve().parent
+    if not folder.is_dir():
+        _fail(f"the store's folder {folder} does not exist; create it or pass --store PATH in an existing folder")
+    if store.exists() and not os.access(store, os.W_OK) or not store.exists() and not os.access(folder, os.W_OK):
+        _fail(f"cannot write the store at {store.resolve()} (read-only location); pass --store PATH somewhere writable")
+
+
+@app.command("serve")
+def serve_command(
+    model: str = typer.Option("tiny", help="`tiny`, a local model directory, or a hub id."),
+    store: Path = typer.Option(Path("agl_store.sqlite"), "--store", metavar="PATH", help="SQLite file to record into (created if missing)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback needs --api-key."),
+    port: int = typer.Option(4000, min=0, max=65535, help="Port to listen on (0 picks a free one)."),
+    api_key: str | None = typer.Option(None, envvar="AGL_API_KEY", help="Key clients must send; generated and printed if not given."),
+    litellm_config: Path | None = typer.Option(None, "--litellm-config", metavar="FILE", help="LiteLLM config whose model_list adds other models (recorded as text-only calls)."),
+    served_model_name: str | None = typer.Option(None, help="Model name clients ask for (default: tiny, or the model directory's name)."),
+    default_max_tokens: int = typer.Option(1024, min=1, help="max_tokens for requests that do not set it."),
+    max_batch_size: int = typer.Option(64, min=1, help="Most sequences the sampler decodes together."),
+) -> None:
+    """Serve the model behind the LiteLLM proxy, recording every call with exact token ids."""
+    from agl_bridge.models.loading import ModelNotFoundError, load_causal_lm, load_tokenizer, resolve_model_path
+    from agl_bridge.proxy.server import ProxyServer, ProxyStartError
+    from agl_bridge.sampler.hf import HFSampler
+    from agl_bridge.store.errors import StoreError
+
+    name = served_model_name or ("tiny" if model.startswith("tiny") else Path(model.rstrip("/")).name)
+    _check_writable_store(store)
+    try:
+        path = resolve_model_path(model)
+        tokenizer = load_tokenizer(path)
+        sampler = HFSampler(load_causal_lm(path), tokenizer, max_batch_size=max_batch_size)
+    except (ModelNotFoundError, OSError) as exc:
+        _fail(f"cannot load model {model!r}: {exc}")
+    try:
+        server = ProxyServer(
+            sampler=sampler, tokenizer=tokenizer, store_path=store, model_name=name, host=host, port=port,
+            api_key=api_key, litellm_config_path=litellm_config, default_max_tokens=default_max_tokens,
+        )
+    except ProxyStartError as exc:
+        sampler.close()
+        _fail(str(exc))
+
+    def announce(ready: ProxyServer) -> None:
+        typer.echo(f"agl-bridge is serving {name!r} ({path}) at {ready.openai_base_url()}", err=True)
+        typer.echo(f"  key: {ready.api_key}" + ("  (generated; pass --api-key to choose one)" if ready.generated_key else ""), err=True)
+        typer.echo(f"  per rollout: {ready.openai_base_url('ROLLOUT_ID', 'ATTEMPT_ID')}", err=True)
+        typer.echo(f"  recording into {store.resolve()}; Ctrl-C stops", err=True)
+
+    try:
+        server.serve_forever(on_ready=announce)
+    except KeyboardInterrupt:
+        pass
+    except (ProxyStartError, StoreError) as exc:
+        _fail(f"{exc}")
+    except OSError as exc:
+        _fail(f"cannot serve: {exc}")
+    finally:
+        sampler.close()
 
 
 @app.command("export", help=_EXPORT_HELP)

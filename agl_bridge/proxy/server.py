@@ -34,7 +34,7 @@ from agl_bridge.proxy.gateway import Gateway
 from agl_bridge.proxy.provider import PROVIDER_NAME, AglProvider
 from agl_bridge.proxy.recording import CallRecorder
 from agl_bridge.proxy.service import ChatService
-from agl_bridge.proxy.text_calls import TextCallLogger
+from agl_bridge.proxy.litellm_hooks import ModelCheck, TextCallLogger
 from agl_bridge.sampler.base import TokenSampler
 from agl_bridge.store.sqlite import SQLiteStore
 
@@ -273,7 +273,8 @@ class ProxyServer:
         provider.register(service)
         litellm.custom_provider_map = [{"provider": PROVIDER_NAME, "custom_handler": provider}]
         custom_llm_setup()
-        litellm.callbacks = [*[c for c in litellm.callbacks if not isinstance(c, TextCallLogger)], TextCallLogger(recorder)]
+        ours = (ModelCheck, TextCallLogger)
+        litellm.callbacks = [*[c for c in litellm.callbacks if not isinstance(c, ours)], ModelCheck(), TextCallLogger(recorder)]
 
         self._config_dir = tempfile.mkdtemp(prefix="agl-litellm-")
         config_path = Path(self._config_dir) / "litellm_config.yaml"

@@ -1,8 +1,9 @@
-"""Recording calls to models LiteLLM serves for us without token ids (judges, frozen answerers).
+"""LiteLLM callbacks: refusing unknown models clearly, and recording text-only calls.
 
-A user's LiteLLM config can route other models through the same endpoint; their calls cannot be
-trained on, but they belong to the rollout's story and are kept for export as text-only calls.
-Calls to our own provider are skipped here: the provider records those itself, with token ids.
+A user's LiteLLM config can route other models through the same endpoint (judges, frozen
+answerers); their calls cannot be trained on, but they belong to the rollout's story and are kept
+for export as text-only calls. Calls to our own provider are skipped there: the provider records
+those itself, with token ids.
 """
 
 from __future__ import annotations
@@ -18,6 +19,33 @@ from agl_bridge.proxy.recording import CallRecorder
 from agl_bridge.types import Usage
 
 logger = logging.getLogger(__name__)
+
+
+class ModelCheck(CustomLogger):
+    """Refuses a request for a model the proxy does not serve with a 404 naming the `model` field.
+
+    LiteLLM's own refusal is a 400 without `param`; this runs first, on the already parsed body.
+    """
+
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> dict:
+        """Pass the request on unchanged if its model is served, else raise the error."""
+        from litellm.proxy import proxy_server
+        from litellm.proxy._types import ProxyException
+
+        model = data.get("model")
+        router = proxy_server.llm_router
+        if router is None or model is None:
+            return data
+        served = router.get_model_names()
+        if model not in served:
+            raise ProxyException(
+                message=f"model {model!r} is not served here; served models: {', '.join(sorted(served))}",
+                type="invalid_request_error",
+                param="model",
+                code=404,
+                openai_code="model_not_found",
+            )
+        return data
 
 
 class TextCallLogger(CustomLogger):
