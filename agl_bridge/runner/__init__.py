@@ -1,0 +1,32 @@
+"""Running an agent over a task set: tasks × group_size rollouts, concurrency, timeouts, retries."""
+
+from __future__ import annotations
+
+from agl_bridge.runner.command import AgentCommand, AgentCommandError, parse_reward_lines
+from agl_bridge.runner.endpoint import Endpoint
+from agl_bridge.runner.runner import (
+    AgentResultError,
+    RetryPolicy,
+    RolloutOutcome,
+    Runner,
+    RunnerConfig,
+    rewards_of,
+    run_rollouts,
+)
+from agl_bridge.runner.tasks import TaskFileError, load_tasks
+
+__all__ = [
+    "AgentCommand",
+    "AgentCommandError",
+    "AgentResultError",
+    "Endpoint",
+    "RetryPolicy",
+    "RolloutOutcome",
+    "Runner",
+    "RunnerConfig",
+    "TaskFileError",
+    "load_tasks",
+    "parse_reward_lines",
+    "rewards_of",
+    "run_rollouts",
+]

@@ -1,0 +1,34 @@
+"""What an agent gets to talk to the model for one rollout attempt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI-compatible endpoint routed to one rollout attempt.
+
+    `base_url` already carries the rollout and attempt, so any OpenAI-compatible client pointed at
+    it records its calls in the right place; `server_url` is the proxy's root (for `emit_reward`).
+    """
+
+    base_url: str
+    api_key: str = field(repr=False)
+    model: str
+    rollout_id: str
+    attempt_id: str
+    server_url: str
+
+    def openai_client(self, **kwargs: Any) -> Any:
+        """An `openai.OpenAI` client for this endpoint."""
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+
+    def async_openai_client(self, **kwargs: Any) -> Any:
+        """An `openai.AsyncOpenAI` client for this endpoint."""
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
