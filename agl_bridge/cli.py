@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -18,7 +19,15 @@ import typer
 
 from agl_bridge.models.tiny import InvalidTinySpecError, TinyModelSpec, build_tiny
 from agl_bridge.store.errors import RolloutNotFoundError, StoreError, StoreSchemaError
-from agl_bridge.store.export import EXPORTERS, ExportOutputError, ExportWhat, NoStoreError, open_existing_store
+from agl_bridge.store.export import (
+    EXPORTERS,
+    ExportCounts,
+    ExportFormat,
+    ExportOutputError,
+    ExportWhat,
+    NoStoreError,
+    open_existing_store,
+)
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -105,11 +114,50 @@ _STORE_HELP = "The store file (SQLite) the proxy or runner records into; it must
 
 
 _EXPORT_HELP = (
-    "Export LLM calls (exact token ids and logprobs) and rewards as JSON Lines, streamed.\n\n"
-    'Each line is one record, "kind": "llm_call" or "kind": "reward". Order: records made outside any '
-    "rollout first, then by rollout id, attempt id and sequence, with rewards interleaved among the calls "
-    "by sequence. Floats round-trip exactly through Python's json (a -inf logprob is written -Infinity)."
+    "Export LLM calls and rewards (--what calls), or training trajectories (--what trajectories), streamed.\n\n"
+    'calls: JSON Lines, each line one record, "kind": "llm_call" or "kind": "reward". Order: records made '
+    "outside any rollout first, then by rollout id, attempt id and sequence, with rewards interleaved among "
+    "the calls by sequence. Floats round-trip exactly through Python's json (a -inf logprob is written "
+    "-Infinity).\n\n"
+    "trajectories: one record per succeeded attempt of a finished rollout (token ids, loss mask, sampler "
+    "logprobs, policy versions, rewards), as JSON Lines or Parquet (--format); read them back with "
+    "agl_bridge.convert.read_trajectories. Schema and rules: docs/trajectories.md."
 )
+
+_TRAJECTORY_ONLY = "(trajectories only)"
+
+
+def _reward_weights(values: list[str]) -> dict[str, float]:
+    """Parse repeated `--reward-weight NAME=WEIGHT` options, failing with one line on a bad one."""
+    weights: dict[str, float] = {}
+    for value in values:
+        name, sep, number = value.partition("=")
+        try:
+            weight = float(number)
+        except ValueError:
+            weight = math.nan
+        if not sep or not name or not math.isfinite(weight):
+            _fail(
+                f"--reward-weight {value!r} is not NAME=WEIGHT with a finite number, e.g. --reward-weight correct=1.0"
+            )
+        weights[name] = weight
+    return weights
+
+
+def _export_summary(what: ExportWhat, counts: ExportCounts, scope: str, out: Path) -> str:
+    """The line `export` prints once the file is written."""
+    if what is ExportWhat.CALLS or counts.report is None:
+        return f"Wrote {counts.calls} LLM calls and {counts.rewards} rewards{scope} to {out.resolve()}"
+    report = counts.report
+    line = (
+        f"Wrote {counts.trajectories} trajectories ({report.segments} segments from {report.calls_trained} "
+        f"LLM calls){scope} to {out.resolve()}"
+    )
+    if report.dropped:
+        line += "; attempts dropped: " + ", ".join(f"{reason} {n}" for reason, n in sorted(report.dropped.items()))
+    if report.splits:
+        line += "; splits: " + ", ".join(f"{kind} {n}" for kind, n in sorted(report.splits.items()))
+    return line
 
 
 def _check_writable_store(store: Path) -> None:
@@ -174,32 +222,110 @@ def serve_command(
         sampler.close()
 
 
+@app.command("train")
+def train_command(
+    config: Path = typer.Option(..., "--config", metavar="FILE", help="Run settings (.toml, .yaml or .json); see docs/training.md."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in the config's run_dir."),
+) -> None:
+    """Train an agent with GRPO through the proxy: sample, convert, train, sync weights live."""
+    from agl_bridge.runner import TaskFileError
+    from agl_bridge.train.config import ConfigError, load_config
+    from agl_bridge.train.grpo import GRPOTrainer
+
+    try:
+        trainer = GRPOTrainer(load_config(config))
+    except (ConfigError, TaskFileError) as exc:
+        _fail(str(exc))
+    summary = trainer.run(resume=resume)
+    typer.echo(f"done: {summary.steps} steps in {summary.wall_time_s:.0f}s; held-out reward {summary.eval_start} → {summary.eval_end}; see {summary.run_dir}")
+
+
+@app.command("plot")
+def plot_command(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="A training run directory (with metrics.jsonl)."),
+    out: Path | None = typer.Option(None, "--out", metavar="FILE.png", help="Where to write (default RUN_DIR/reward_curve.png)."),
+) -> None:
+    """Draw a run's reward and evaluation curves as a PNG."""
+    from agl_bridge.train.plot import plot_run
+
+    if not (run_dir / "metrics.jsonl").is_file():
+        _fail(f"no metrics.jsonl in {run_dir}; pass the run_dir of a training run")
+    try:
+        typer.echo(f"wrote {plot_run(run_dir, out)}")
+    except ValueError as exc:
+        _fail(str(exc))
+
+
 @app.command("export", help=_EXPORT_HELP)
 def export_command(
     store: Path = typer.Option(..., "--store", metavar="PATH", help=_STORE_HELP),
     what: ExportWhat = typer.Option(
-        ExportWhat.CALLS, "--what", help="What to export. calls: every LLM call and reward, one JSON record each."
+        ExportWhat.CALLS,
+        "--what",
+        help="What to export. calls: every LLM call and reward, one JSON record each. "
+        "trajectories: what GRPO trains on, one record per succeeded attempt.",
     ),
     out: Path = typer.Option(
-        ..., "--out", metavar="FILE.jsonl", help="File to write (replaced if it exists; its directory must exist)."
+        ..., "--out", metavar="FILE", help="File to write (replaced if it exists; its directory must exist)."
+    ),
+    file_format: ExportFormat = typer.Option(
+        ExportFormat.JSONL, "--format", help="File format: jsonl, or parquet (trajectories only)."
     ),
     rollout: str | None = typer.Option(None, "--rollout", metavar="ID", help="Only this rollout's records."),
+    missing_reward: str = typer.Option(
+        "drop",
+        "--missing-reward",
+        metavar="drop|zero|error",
+        help=f"An attempt with no reward: skip it, train it with return 0, or stop with an error {_TRAJECTORY_ONLY}.",
+    ),
+    reward_weight: list[str] = typer.Option(
+        [],
+        "--reward-weight",
+        metavar="NAME=W",
+        help=f"Weight of a named reward in the return (default 1) {_TRAJECTORY_ONLY}.",
+    ),
+    model: list[str] = typer.Option(
+        [], "--model", metavar="NAME", help=f"Train only calls of this model; repeat for several {_TRAJECTORY_ONLY}."
+    ),
+    agent: list[str] = typer.Option(
+        [], "--agent", metavar="NAME", help=f"Train only calls of this agent; repeat for several {_TRAJECTORY_ONLY}."
+    ),
 ) -> None:
-    """Export LLM calls and rewards as JSON Lines (order and format: `agl_bridge.store.export`)."""
+    """Export calls and rewards, or trajectories (formats: `agl_bridge.store.export`, docs/trajectories.md)."""
+    from agl_bridge.convert.errors import ConversionError
+    from agl_bridge.convert.policy import ConvertOptions
+
     if out.resolve() in {store.resolve(), Path(f"{store.resolve()}-wal"), Path(f"{store.resolve()}-shm")}:
         _fail(f"--out {out} is the store itself; write the export to another file")
+    options: ConvertOptions | None = None
+    if what is ExportWhat.CALLS:
+        if file_format is not ExportFormat.JSONL:
+            _fail("--what calls is written as JSON Lines only; drop --format parquet (Parquet is for trajectories)")
+        if missing_reward != "drop" or reward_weight or model or agent:
+            _fail("--missing-reward, --reward-weight, --model and --agent apply to --what trajectories only")
+    else:
+        try:
+            options = ConvertOptions(
+                models=model or None,
+                agent_names=agent or None,
+                reward_weights=_reward_weights(reward_weight),
+                missing_reward=missing_reward,  # type: ignore[arg-type]  # validated by ConvertOptions
+            )
+        except ValueError as exc:
+            _fail(str(exc))
 
-    async def run() -> tuple[int, int]:
+    async def run() -> ExportCounts:
         async with open_existing_store(store) as opened:
-            counts = await EXPORTERS[what](opened, out, rollout_id=rollout)
-        return counts.calls, counts.rewards
+            return await EXPORTERS[what](opened, out, rollout_id=rollout, file_format=file_format, options=options)
 
     try:
-        calls, rewards = asyncio.run(run())
+        counts = asyncio.run(run())
     except StoreError as exc:
         _store_failure(exc, store)
+    except (ConversionError, ImportError) as exc:
+        _fail(str(exc), code=1)  # the data (or the installation), not the command line
     scope = f" of rollout {rollout}" if rollout is not None else ""
-    typer.echo(f"Wrote {calls} LLM calls and {rewards} rewards{scope} to {out.resolve()}")
+    typer.echo(_export_summary(what, counts, scope, out))
 
 
 _INSPECT_HELP = (

@@ -1,0 +1,709 @@
+"""`TrainingClient`: Tinker's training primitives over a local torch + peft LoRA model.
+
+``forward_backward`` accumulates gradients (call it several times to micro-batch), ``optim_step``
+applies AdamW and zeroes them, ``save_weights_and_get_sampling_client`` merges the adapter into
+the in-process `HFSampler` between two decode steps (no restart, no dropped requests).
+
+Logprobs: input ids → logits → log_softmax in float32 → gather the targets; the sampler computes
+the same raw quantity, so on the first on-policy step the importance ratio is 1 up to float noise.
+The model stays in eval mode (LoRA dropout 0) so the trainer scores exactly the function the
+sampler samples from.
+
+Threading: all model work runs on one worker thread, in call order; the sync methods wait for it,
+the ``*_async`` ones return a `TrainFuture` at once (awaitable, or ``.result()``), so a loop can
+queue ``forward_backward_async`` then ``optim_step_async`` and await both later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import threading
+import time
+import warnings
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, Self, TypeVar
+
+import torch
+from peft import (
+    LoraConfig,
+    get_peft_model,
+    get_peft_model_state_dict,
+    set_peft_model_state_dict,
+)
+from peft.tuners.lora import LoraLayer
+from safetensors.torch import load_file, save_file
+
+from agl_bridge.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from agl_bridge.sampler.hf import HFSampler
+from agl_bridge.train.checkpoint import (
+    ADAPTER_FILE,
+    OPTIMIZER_FILE,
+    RNG_FILE,
+    STATE_FILE,
+    STATE_FORMAT,
+    CheckpointMismatchError,
+    ModelIdentity,
+    atomic_directory,
+    capture_rng_state,
+    config_fingerprint,
+    read_state_meta,
+    restore_rng_state,
+    weights_hash,
+    write_json,
+)
+from agl_bridge.train.datum import (
+    LOGPROBS,
+    OLD_LOGPROBS,
+    TARGET_TOKENS,
+    WEIGHTS,
+    Datum,
+    DatumTensors,
+    to_tensors,
+)
+from agl_bridge.train.losses import LossSpec, compute_loss, get_loss, resolve_config
+from agl_bridge.train.metrics import StepMetrics, token_entropy
+from agl_bridge.train.sampling_client import SamplingClient
+
+T = TypeVar("T")
+
+CustomLossFn = Callable[[list[Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
+"""fn(data, logprobs_list) -> (scalar loss, metrics); logprobs_list[i] is datum i's per-target logprobs (with grad)."""
+
+_PEFT_PREFIX = "base_model.model."
+
+
+@dataclass(frozen=True)
+class AdamParams:
+    """AdamW hyper-parameters for one `optim_step` (Tinker's names); set per call, so schedules work.
+
+    grad_clip_norm: clip the global gradient norm to this; None or 0 disables clipping.
+    """
+
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip_norm: float | None = 1.0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first out-of-range field."""
+        checks = (
+            ("learning_rate", self.learning_rate, lambda v: v >= 0, ">= 0"),
+            ("beta1", self.beta1, lambda v: 0 <= v < 1, "in [0, 1)"),
+            ("beta2", self.beta2, lambda v: 0 <= v < 1, "in [0, 1)"),
+            ("eps", self.eps, lambda v: v > 0, "> 0"),
+            ("weight_decay", self.weight_decay, lambda v: v >= 0, ">= 0"),
+        )
+        for name, value, ok, allowed in checks:
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or not ok(value):
+                raise ValueError(f"AdamParams.{name} must be a finite number {allowed}, got {value!r}")
+        clip = self.grad_clip_norm
+        if clip is not None and (not isinstance(clip, (int, float)) or not math.isfinite(clip) or clip < 0):
+            raise ValueError(f"AdamParams.grad_clip_norm must be a finite number >= 0 or None, got {clip!r}")
+
+
+@dataclass
+class ForwardBackwardOutput:
+    """Result of forward / forward_backward: per-datum outputs and batch metrics.
+
+    loss_fn_outputs[i]["logprobs"]: datum i's per-target trainer logprobs (float32, CPU, no grad);
+    metrics: see docs/primitives.md (loss, tokens, ratio_mean, logprob_diff_abs_mean/max,
+    prob_pearson, clip fractions, kl_mean, entropy_mean, time_s).
+    """
+
+    loss_fn_outputs: list[dict[str, torch.Tensor]]
+    metrics: dict[str, float]
+
+
+@dataclass
+class OptimStepOutput:
+    """Result of optim_step: grad_norm (before clipping), lr, step (after the update)."""
+
+    metrics: dict[str, float]
+
+
+class TrainFuture(Generic[T]):
+    """A queued training call: `await` it, or block with `result()`."""
+
+    def __init__(self, future: concurrent.futures.Future[T]) -> None:
+        self._future = future
+
+    def result(self, timeout: float | None = None) -> T:
+        """Block until the call finishes; return its result or raise its error."""
+        return self._future.result(timeout)
+
+    async def result_async(self) -> T:
+        """Await the call's result."""
+        return await asyncio.wrap_future(self._future)
+
+    def done(self) -> bool:
+        """Whether the call has finished."""
+        return self._future.done()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self.result_async().__await__()
+
+
+@dataclass
+class _Batch:
+    """A right-padded micro-batch."""
+
+    indices: list[int]
+    lengths: list[int]
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    weights: torch.Tensor
+    fields: dict[str, torch.Tensor]
+    has_logprobs: torch.Tensor
+
+
+class TrainingClient:
+    """LoRA training on a local model with Tinker's primitives (see the module docs).
+
+    base_model: ``tiny``, a model directory, or a hub id (as `--model`). lora_rank / lora_alpha /
+    target_modules: the peft LoRA (``all-linear`` = every linear layer but the output one).
+    train_unembedding: also train the output layer (lm_head) in full; with tied embeddings it gets
+    its own copy. seed: LoRA initialisation (the global RNGs are left alone). device: default CUDA
+    if available. dtype: default the checkpoint's. sampler: the in-process sampler to publish
+    weights to (one over a fresh copy of the base model is created on first use if None).
+    max_batch_tokens: most padded tokens per forward pass; larger batches are split into
+    micro-batches whose gradients add up.
+    """
+
+    def __init__(
+        self,
+        base_model: str = "tiny",
+        *,
+        lora_rank: int = 16,
+        lora_alpha: float = 32,
+        target_modules: str | Sequence[str] = "all-linear",
+        train_unembedding: bool = False,
+        seed: int = 0,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | str | None = None,
+        sampler: HFSampler | None = None,
+        max_batch_tokens: int = 16384,
+    ) -> None:
+        if not isinstance(lora_rank, int) or isinstance(lora_rank, bool) or lora_rank < 1:
+            raise ValueError(f"lora_rank must be an integer >= 1, got {lora_rank!r}")
+        if not isinstance(lora_alpha, (int, float)) or not math.isfinite(lora_alpha) or lora_alpha <= 0:
+            raise ValueError(f"lora_alpha must be a finite number > 0, got {lora_alpha!r}")
+        if not isinstance(max_batch_tokens, int) or max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be an integer >= 1, got {max_batch_tokens!r}")
+        self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self._dtype = dtype
+        self._seed = seed
+        self._base_path = resolve_model_path(base_model)
+        self._lora_rank = lora_rank
+        self._lora_alpha = float(lora_alpha)
+        self._train_unembedding = bool(train_unembedding)
+        self._max_batch_tokens = max_batch_tokens
+        self._tokenizer: Any = None
+
+        base = load_causal_lm(self._base_path, device=str(self._device), dtype=dtype)
+        fingerprint = config_fingerprint(base.config)
+        base_hash = weights_hash(dict(base.named_parameters()))
+        output_layer = base.get_output_embeddings()
+        self._output_name = next(name for name, module in base.named_modules() if module is output_layer)
+        self._vocab_size = int(output_layer.weight.shape[0])
+        if sampler is not None:
+            self._check_sampler(sampler, fingerprint)
+
+        config = LoraConfig(
+            r=lora_rank,
+            lora_alpha=lora_alpha,
+            target_modules=list(target_modules) if not isinstance(target_modules, str) else target_modules,
+            lora_dropout=0.0,  # dropout would make trainer logprobs differ from the sampler's
+            bias="none",
+            modules_to_save=[self._output_name.rsplit(".", 1)[-1]] if train_unembedding else None,
+        )
+        devices = [self._device.index or 0] if self._device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
+            # Untying a trained lm_head from the input embeddings is intended here (the sampler's
+            # copy is untied to match), so peft's tied-weights warning is noise.
+            warnings.filterwarnings("ignore", message=".*ensure_weight_tying.*")
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+            torch.manual_seed(seed)
+            self._model = get_peft_model(base, config)
+        self._model.eval()
+        self._params = [p for p in self._model.parameters() if p.requires_grad]
+        adapted = sorted(
+            name.removeprefix(_PEFT_PREFIX) for name, module in self._model.named_modules() if isinstance(module, LoraLayer)
+        )
+        self._identity = ModelIdentity(
+            base_model=self._base_path,
+            config_fingerprint=fingerprint,
+            weights_hash=base_hash,
+            lora_rank=lora_rank,
+            lora_alpha=self._lora_alpha,
+            target_modules=tuple(adapted),
+            train_unembedding=self._train_unembedding,
+        )
+        defaults = AdamParams()
+        self._optimizer = torch.optim.AdamW(
+            self._params, lr=defaults.learning_rate, betas=(defaults.beta1, defaults.beta2),
+            eps=defaults.eps, weight_decay=defaults.weight_decay,
+        )
+        self._step = 0
+        self._sampler = sampler
+        self._owns_sampler = False
+        self._worker_ident: int | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="agl-train", initializer=self._remember_worker
+        )
+        self._closed = False
+        self.last_sync_s: float | None = None
+        """Seconds the latest weight sync to the sampler took."""
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def step(self) -> int:
+        """Number of optim_steps taken (restored by load_state)."""
+        return self._step
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The peft model; use it only between calls (the worker thread owns it during one)."""
+        return self._model
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model lives."""
+        return self._device
+
+    @property
+    def base_model(self) -> str:
+        """The resolved base model path or hub id."""
+        return self._base_path
+
+    @property
+    def identity(self) -> ModelIdentity:
+        """What a saved state of this client is valid for."""
+        return self._identity
+
+    @property
+    def lora_scaling(self) -> float:
+        """lora_alpha / lora_rank: the factor on B·A."""
+        return self._lora_alpha / self._lora_rank
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the output vocabulary (valid target ids are 0..vocab_size-1)."""
+        return self._vocab_size
+
+    @property
+    def sampler(self) -> HFSampler | None:
+        """The sampler weights are published to (None until the first sync when none was given)."""
+        return self._sampler
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The LoRA (and unembedding) parameters the optimizer updates, in a fixed order."""
+        return list(self._params)
+
+    def get_tokenizer(self) -> Any:
+        """The base model's tokenizer (loaded on first use)."""
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self._base_path)
+        return self._tokenizer
+
+    # ------------------------------------------------------------------ sync API
+
+    def forward(
+        self, data: Sequence[Datum], loss_fn: str | None = None, loss_fn_config: dict[str, Any] | None = None
+    ) -> ForwardBackwardOutput:
+        """Per-datum logprobs and loss metrics without gradients (loss_fn None: logprobs only)."""
+        return self._run(self._forward_impl, data, loss_fn, loss_fn_config, False)
+
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None
+    ) -> ForwardBackwardOutput:
+        """Compute the summed loss over `data` and add its gradients to the accumulated ones."""
+        return self._run(self._forward_impl, data, loss_fn, loss_fn_config, True)
+
+    def forward_backward_custom(self, data: Sequence[Datum], fn: CustomLossFn) -> ForwardBackwardOutput:
+        """Backpropagate `fn(data, logprobs_list) -> (loss, metrics)`; extra loss_fn_inputs keys are allowed."""
+        return self._run(self._custom_impl, data, fn)
+
+    def optim_step(self, params: AdamParams | None = None) -> OptimStepOutput:
+        """Clip, apply one AdamW update with `params`, zero the gradients and count the step."""
+        return self._run(self._optim_impl, params or AdamParams())
+
+    def zero_grad(self) -> None:
+        """Discard the accumulated gradients (e.g. to drop a bad micro-batch)."""
+        self._run(self._optimizer.zero_grad, True)
+
+    def save_state(self, path: str | Path) -> str:
+        """Write adapter, optimizer, step, RNG states and model identity to directory `path` atomically."""
+        return self._run(self._save_state_impl, Path(path))
+
+    def load_state(self, path: str | Path, *, optimizer: bool = True) -> int:
+        """Restore a save_state directory (CheckpointMismatchError if it is for another model/LoRA); returns the step.
+
+        optimizer=False loads the adapter weights only (optimizer moments, step and RNGs are left
+        as they are). Otherwise the step and the global python/numpy/torch RNGs are restored too.
+        """
+        return self._run(self._load_state_impl, Path(path), optimizer)
+
+    def save_weights_for_sampler(self, path: str | Path) -> str:
+        """Write the adapter as a peft adapter directory (loads with PeftModel.from_pretrained or vLLM)."""
+        return self._run(self._save_weights_impl, Path(path))
+
+    def save_weights_and_get_sampling_client(self, name: str | None = None, *, version: int | None = None) -> SamplingClient:
+        """Merge the current adapter into the in-process sampler (no restart) and return a client for it.
+
+        version: the policy version to give the new weights (default: the sampler's + 1). The
+        sampler is created over a fresh copy of the base model on first use if none was given.
+        """
+        return self._run(self._sync_impl, name, version)
+
+    # ------------------------------------------------------------------ async API
+
+    def forward_async(
+        self, data: Sequence[Datum], loss_fn: str | None = None, loss_fn_config: dict[str, Any] | None = None
+    ) -> TrainFuture[ForwardBackwardOutput]:
+        """Queue `forward`."""
+        return self._submit(self._forward_impl, data, loss_fn, loss_fn_config, False)
+
+    def forward_backward_async(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None
+    ) -> TrainFuture[ForwardBackwardOutput]:
+        """Queue `forward_backward`."""
+        return self._submit(self._forward_impl, data, loss_fn, loss_fn_config, True)
+
+    def forward_backward_custom_async(self, data: Sequence[Datum], fn: CustomLossFn) -> TrainFuture[ForwardBackwardOutput]:
+        """Queue `forward_backward_custom`."""
+        return self._submit(self._custom_impl, data, fn)
+
+    def optim_step_async(self, params: AdamParams | None = None) -> TrainFuture[OptimStepOutput]:
+        """Queue `optim_step`."""
+        return self._submit(self._optim_impl, params or AdamParams())
+
+    def save_state_async(self, path: str | Path) -> TrainFuture[str]:
+        """Queue `save_state`."""
+        return self._submit(self._save_state_impl, Path(path))
+
+    def load_state_async(self, path: str | Path, *, optimizer: bool = True) -> TrainFuture[int]:
+        """Queue `load_state`."""
+        return self._submit(self._load_state_impl, Path(path), optimizer)
+
+    def save_weights_and_get_sampling_client_async(
+        self, name: str | None = None, *, version: int | None = None
+    ) -> TrainFuture[SamplingClient]:
+        """Queue `save_weights_and_get_sampling_client`."""
+        return self._submit(self._sync_impl, name, version)
+
+    def close(self) -> None:
+        """Finish queued calls, stop the worker, and close the sampler if this client created it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._executor.shutdown(wait=True)
+        if self._owns_sampler and self._sampler is not None:
+            self._sampler.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ worker plumbing
+
+    def _remember_worker(self) -> None:
+        self._worker_ident = threading.get_ident()
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> TrainFuture[T]:
+        if self._closed:
+            raise RuntimeError("the TrainingClient is closed; create a new one")
+        return TrainFuture(self._executor.submit(fn, *args))
+
+    def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        # A custom loss calling back into the client runs inline instead of deadlocking on itself.
+        if threading.get_ident() == self._worker_ident:
+            return fn(*args)
+        return self._submit(fn, *args).result()
+
+    # ------------------------------------------------------------------ forward / backward
+
+    def _forward_impl(
+        self, data: Sequence[Datum], loss_fn: str | None, loss_fn_config: dict[str, Any] | None, backward: bool
+    ) -> ForwardBackwardOutput:
+        start = time.perf_counter()
+        spec: LossSpec | None = get_loss(loss_fn) if loss_fn is not None else None
+        if spec is None and loss_fn_config:
+            raise ValueError("loss_fn_config was given without a loss_fn; name the loss it configures")
+        config = resolve_config(spec, loss_fn_config) if spec is not None else {}
+        required = spec.required if spec is not None else (TARGET_TOKENS,)
+        tensors = self._validate(data, required=required, allow_unknown=False)
+        want_kl = bool(config.get("kl_coef"))
+        metrics = StepMetrics()
+        metrics.num_datums = len(tensors)
+        outputs: list[dict[str, torch.Tensor]] = [{} for _ in tensors]
+        for batch in self._micro_batches(tensors):
+            with torch.set_grad_enabled(backward):
+                lp, entropy = self._token_logprobs(batch)
+                ref = None
+                if want_kl:
+                    with torch.no_grad(), self._model.disable_adapter():
+                        ref, _ = self._token_logprobs(batch, entropy=False)
+                if spec is not None:
+                    inputs = {WEIGHTS: batch.weights, **batch.fields}
+                    result = compute_loss(spec, lp, inputs, config, ref)
+                    if backward:
+                        result.loss.backward()
+                    metrics.loss += float(result.loss.detach())
+                    metrics.add_token_metrics(batch.weights > 0, result.token_metrics)
+            self._record(batch, lp, entropy, metrics, outputs, ref)
+        return ForwardBackwardOutput(outputs, metrics.result({"time_s": time.perf_counter() - start}))
+
+    def _custom_impl(self, data: Sequence[Datum], fn: CustomLossFn) -> ForwardBackwardOutput:
+        start = time.perf_counter()
+        tensors = self._validate(data, required=(TARGET_TOKENS,), allow_unknown=True)
+        metrics = StepMetrics()
+        metrics.num_datums = len(tensors)
+        outputs: list[dict[str, torch.Tensor]] = [{} for _ in tensors]
+        logprobs: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+        with torch.enable_grad():
+            for batch in self._micro_batches(tensors):
+                lp, entropy = self._token_logprobs(batch)
+                for row, (index, length) in enumerate(zip(batch.indices, batch.lengths, strict=True)):
+                    logprobs[index] = lp[row, :length]
+                self._record(batch, lp, entropy, metrics, outputs, None)
+            returned = fn(list(data), logprobs)
+            if not (isinstance(returned, tuple) and len(returned) == 2):
+                raise TypeError(f"a custom loss must return (loss, metrics), got {type(returned).__name__}")
+            loss, user_metrics = returned
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+                raise TypeError(
+                    "a custom loss must return a scalar tensor computed from the logprobs it was given "
+                    f"(with grad); got {type(loss).__name__}"
+                    + (f" of shape {tuple(loss.shape)}, requires_grad={loss.requires_grad}" if isinstance(loss, torch.Tensor) else "")
+                )
+            loss.reshape(()).backward()
+        metrics.loss = float(loss.detach())
+        extra = {str(k): float(v) for k, v in dict(user_metrics or {}).items()}
+        return ForwardBackwardOutput(outputs, metrics.result({**extra, "time_s": time.perf_counter() - start}))
+
+    def _validate(self, data: Sequence[Datum], *, required: Sequence[str], allow_unknown: bool) -> list[DatumTensors]:
+        if isinstance(data, Datum) or not isinstance(data, Sequence):
+            raise TypeError(f"data must be a list of Datum, got {type(data).__name__}")
+        if not data:
+            raise ValueError("data is empty; pass at least one Datum")
+        return [
+            to_tensors(d, i, required=required, allow_unknown=allow_unknown, vocab_size=self._vocab_size, device=self._device)
+            for i, d in enumerate(data)
+        ]
+
+    def _micro_batches(self, tensors: list[DatumTensors]) -> list[_Batch]:
+        groups: list[list[int]] = []
+        current: list[int] = []
+        longest = 0
+        for index, datum in enumerate(tensors):
+            length = datum.input_ids.numel()
+            if current and max(longest, length) * (len(current) + 1) > self._max_batch_tokens:
+                groups.append(current)
+                current, longest = [], 0
+            current.append(index)
+            longest = max(longest, length)
+        groups.append(current)
+        return [self._collate(tensors, group) for group in groups]
+
+    def _collate(self, tensors: list[DatumTensors], indices: list[int]) -> _Batch:
+        rows = [tensors[i] for i in indices]
+        lengths = [row.input_ids.numel() for row in rows]
+
+        def pad(values: list[torch.Tensor], fill: float = 0) -> torch.Tensor:
+            return torch.nn.utils.rnn.pad_sequence(values, batch_first=True, padding_value=fill)
+
+        names = {name for row in rows for name in row.fields}
+        fields: dict[str, torch.Tensor] = {}
+        for name in names:
+            # A datum without old_logprobs means "old policy = sampler", so it takes its own logprobs.
+            fallback = (lambda row: row.fields.get(LOGPROBS, torch.zeros_like(row.weights))) if name == OLD_LOGPROBS else (
+                lambda row: torch.zeros_like(row.weights)
+            )
+            fields[name] = pad([row.fields.get(name, fallback(row)) for row in rows])
+        return _Batch(
+            indices=indices,
+            lengths=lengths,
+            input_ids=pad([row.input_ids for row in rows]),
+            targets=pad([row.target_tokens for row in rows]),
+            weights=pad([row.weights for row in rows]),
+            fields=fields,
+            has_logprobs=torch.tensor([LOGPROBS in row.fields for row in rows], device=self._device),
+        )
+
+    def _token_logprobs(self, batch: _Batch, *, entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-target logprobs [b, L] (float32) and, if asked, per-position entropy (no grad)."""
+        # No attention mask: rows are right-padded and attention is causal, so a real token never
+        # sees padding (padded positions are scored but weigh 0). This is also exactly the call the
+        # sampler's scoring makes, which keeps the two numerically aligned.
+        logits = self._model(input_ids=batch.input_ids, use_cache=False).logits
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        lp = logprobs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+        ent = None
+        if entropy:
+            with torch.no_grad():
+                ent = torch.stack([token_entropy(row) for row in logprobs.detach()])  # row by row bounds memory
+        return lp, ent
+
+    def _record(
+        self,
+        batch: _Batch,
+        lp: torch.Tensor,
+        entropy: torch.Tensor | None,
+        metrics: StepMetrics,
+        outputs: list[dict[str, torch.Tensor]],
+        ref: torch.Tensor | None,
+    ) -> None:
+        active = batch.weights > 0
+        metrics.add_tokens(active, entropy)
+        if LOGPROBS in batch.fields and bool(batch.has_logprobs.any()):
+            metrics.add_gap(active & batch.has_logprobs.unsqueeze(1), lp, batch.fields[LOGPROBS])
+        for row, (index, length) in enumerate(zip(batch.indices, batch.lengths, strict=True)):
+            outputs[index]["logprobs"] = lp[row, :length].detach().float().cpu()
+            if ref is not None:
+                outputs[index]["ref_logprobs"] = ref[row, :length].detach().float().cpu()
+
+    # ------------------------------------------------------------------ optimizer
+
+    def _optim_impl(self, params: AdamParams) -> OptimStepOutput:
+        if not isinstance(params, AdamParams):
+            raise TypeError(f"optim_step takes AdamParams, got {type(params).__name__}")
+        params.validate()
+        for group in self._optimizer.param_groups:
+            group["lr"] = params.learning_rate
+            group["betas"] = (params.beta1, params.beta2)
+            group["eps"] = params.eps
+            group["weight_decay"] = params.weight_decay
+        with_grad = [p for p in self._params if p.grad is not None]
+        grad_norm = 0.0
+        if with_grad:
+            clip = params.grad_clip_norm if params.grad_clip_norm else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(with_grad, clip))
+            if not math.isfinite(grad_norm):
+                self._optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(
+                    f"gradient norm is {grad_norm} at step {self._step}; the update was skipped and the "
+                    "gradients discarded. Check the batch's advantages/logprobs (ratio overflow?) or lower "
+                    "the learning rate"
+                )
+        self._optimizer.step()
+        self._optimizer.zero_grad(set_to_none=True)
+        self._step += 1
+        return OptimStepOutput({"grad_norm": grad_norm, "lr": params.learning_rate, "step": float(self._step)})
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _adapter_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to("cpu").contiguous().clone() for k, v in get_peft_model_state_dict(self._model).items()}
+
+    def _save_state_impl(self, path: Path) -> str:
+        with atomic_directory(path) as staging:
+            save_file(self._adapter_state(), str(staging / ADAPTER_FILE), metadata={"format": "pt"})
+            self._model.peft_config["default"].save_pretrained(str(staging))
+            torch.save(self._optimizer.state_dict(), staging / OPTIMIZER_FILE)
+            torch.save(capture_rng_state(), staging / RNG_FILE)
+            write_json(staging / STATE_FILE, {
+                "format": STATE_FORMAT,
+                "step": self._step,
+                "identity": self._identity.to_json(),
+                "saved_at": time.time(),
+            })
+        return str(path)
+
+    def _load_state_impl(self, path: Path, optimizer: bool) -> int:
+        meta = read_state_meta(path)
+        self._identity.check_compatible(ModelIdentity.from_json(meta["identity"]))
+        adapter = load_file(str(path / ADAPTER_FILE), device=str(self._device))
+        expected = set(get_peft_model_state_dict(self._model))
+        if set(adapter) != expected:
+            missing, unexpected = sorted(expected - set(adapter)), sorted(set(adapter) - expected)
+            raise CheckpointMismatchError("adapter_keys", f"missing {missing[:3]}", f"unexpected {unexpected[:3]}")
+        opt_state = torch.load(path / OPTIMIZER_FILE, map_location=self._device, weights_only=True) if optimizer else None
+        rng_state = torch.load(path / RNG_FILE, weights_only=True) if optimizer else None
+        # Everything is read and checked; only now touch the live state.
+        self._optimizer.zero_grad(set_to_none=True)
+        set_peft_model_state_dict(self._model, adapter)
+        if opt_state is not None:
+            self._optimizer.load_state_dict(opt_state)
+            self._step = int(meta["step"])
+            restore_rng_state(rng_state)  # type: ignore[arg-type]
+        return self._step
+
+    def _save_weights_impl(self, path: Path) -> str:
+        with atomic_directory(path, markers=("adapter_config.json",)) as staging:
+            save_file(self._adapter_state(), str(staging / ADAPTER_FILE), metadata={"format": "pt"})
+            self._model.peft_config["default"].save_pretrained(str(staging))
+        return str(path)
+
+    # ------------------------------------------------------------------ weight sync
+
+    def _sync_impl(self, name: str | None, version: int | None) -> SamplingClient:
+        start = time.perf_counter()
+        sampler = self._ensure_sampler()
+        new_version = sampler.load_lora(self._sync_state_dict(), scaling=self.lora_scaling, version=version)
+        self.last_sync_s = time.perf_counter() - start
+        return SamplingClient(sampler, weights_version=new_version, name=name)
+
+    def _sync_state_dict(self) -> dict[str, torch.Tensor]:
+        """The adapter in the layout `HFSampler.load_lora` takes (live views: the call blocks until merged)."""
+        output_key = f"{_PEFT_PREFIX}{self._output_name}.weight"
+        state: dict[str, torch.Tensor] = {}
+        for key, value in get_peft_model_state_dict(self._model).items():
+            if ".lora_A." in key or ".lora_B." in key:
+                state[key] = value.detach()
+            elif self._train_unembedding and key == output_key:
+                state[f"{_PEFT_PREFIX}{self._output_name}.modules_to_save.default.weight"] = value.detach()
+            else:
+                raise RuntimeError(f"unexpected adapter tensor {key!r}; the sampler cannot merge it")
+        return state
+
+    def _ensure_sampler(self) -> HFSampler:
+        if self._sampler is None:
+            model = load_causal_lm(self._base_path, device=str(self._device), dtype=self._dtype)
+            if self._train_unembedding:
+                _untie_output_embeddings(model)
+            try:
+                tokenizer = self.get_tokenizer()
+            except (OSError, ValueError):
+                tokenizer = None  # token-id sampling works without one; only stop strings need it
+            self._sampler = HFSampler(model, tokenizer, seed=self._seed)
+            self._owns_sampler = True
+        return self._sampler
+
+    def _check_sampler(self, sampler: HFSampler, fingerprint: str) -> None:
+        model = getattr(sampler, "model", None)
+        if model is None:
+            return
+        if config_fingerprint(model.config) != fingerprint:
+            raise ValueError(
+                "the sampler's model has a different config from the base model "
+                f"{self._base_path}; give a sampler over the same base model, or none to have one created"
+            )
+        if self._train_unembedding and _embeddings_tied(model):
+            raise ValueError(
+                "train_unembedding=True needs the sampler's output layer untied from its input embeddings "
+                "(the trained lm_head gets its own copy); pass sampler=None to have a matching sampler "
+                "created, or untie the sampler model's lm_head before creating the HFSampler"
+            )
+
+
+def _embeddings_tied(model: torch.nn.Module) -> bool:
+    output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
+    return output is not None and inputs is not None and output.weight.data_ptr() == inputs.weight.data_ptr()
+
+
+def _untie_output_embeddings(model: torch.nn.Module) -> None:
+    """Give the output layer its own weight, so loading a trained lm_head leaves the embeddings alone."""
+    if _embeddings_tied(model):
+        output = model.get_output_embeddings()
+        output.weight = torch.nn.Parameter(output.weight.detach().clone(), requires_grad=False)
+        if hasattr(model.config, "tie_word_embeddings"):
+            model.config.tie_word_embeddings = False

@@ -1,0 +1,157 @@
+"""The GRPO run's configuration: one dataclass, loaded from TOML, YAML or JSON with strict keys.
+
+Unknown keys are refused by name (a typo must not silently fall back to a default), values are
+checked for range, and every field has a default a user of this field would expect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+LossName = Literal["importance_sampling", "ppo", "cispo"]
+Aggregation = Literal["token_sum", "token_mean", "sequence_mean"]
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is wrong; the message names it."""
+
+
+@dataclass
+class WarmStartConfig:
+    """A supervised warm start (cold-start SFT) before RL: `cross_entropy` on (prompt, response) pairs.
+
+    `data`: JSONL with {"prompt": str or messages, "response": str} per line (or use the Python API
+    and pass pairs directly). The run evaluates before and after it.
+    """
+
+    data: str | None = None
+    steps: int = 0
+    batch_size: int = 16
+    learning_rate: float = 2e-3
+
+
+@dataclass
+class GRPOConfig:
+    """Everything a GRPO run needs; see docs/training.md for each field's meaning."""
+
+    agent: str | list[str] = ""
+    tasks: str = ""
+    eval_tasks: str | None = None
+    model: str = "tiny"
+    run_dir: str = "runs/grpo"
+    steps: int = 10
+    batch_size: int = 8
+    group_size: int = 4
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 1.0
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    train_unembedding: bool = False
+    loss_fn: LossName = "importance_sampling"
+    tis_cap: float | None = 2.0
+    clip_low_threshold: float = 0.8
+    clip_high_threshold: float = 1.28
+    kl_coef: float = 0.0
+    aggregation: Aggregation = "token_sum"
+    advantage_std_scaling: bool = False
+    micro_batch_size: int = 16
+    max_staleness: int = 0
+    concurrency: int = 16
+    rollout_timeout_s: float = 300.0
+    max_attempts: int = 1
+    default_max_tokens: int = 256
+    eval_every: int = 5
+    eval_group_size: int = 1
+    checkpoint_every: int = 5
+    missing_reward: Literal["drop", "zero", "error"] = "drop"
+    reward_weights: dict[str, float] = field(default_factory=dict)
+    seed: int = 0
+    tensorboard: bool = True
+    wandb_project: str | None = None
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first value out of range."""
+        positive = ("steps", "batch_size", "group_size", "lora_rank", "micro_batch_size", "concurrency", "max_attempts",
+                    "default_max_tokens", "eval_every", "eval_group_size", "checkpoint_every")
+        for name in positive:
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if self.max_staleness < 0:
+            raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.tis_cap is not None and not self.tis_cap >= 1:
+            raise ConfigError(f"tis_cap must be >= 1 (or null to turn the correction off), got {self.tis_cap}")
+        if not 0 < self.clip_low_threshold <= 1 <= self.clip_high_threshold:
+            raise ConfigError("clip thresholds are ratios with clip_low_threshold <= 1 <= clip_high_threshold (e.g. 0.8 / 1.28)")
+        for name, allowed in (("loss_fn", LossName), ("aggregation", Aggregation)):
+            if getattr(self, name) not in allowed.__args__:
+                raise ConfigError(f"{name} must be one of {', '.join(allowed.__args__)}, got {getattr(self, name)!r}")
+        if self.kl_coef < 0:
+            raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.warm_start.steps < 0:
+            raise ConfigError(f"warm_start.steps must be >= 0, got {self.warm_start.steps}")
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GRPOConfig:
+    """Read a TOML (.toml), YAML (.yaml/.yml) or JSON (.json) config; unknown keys are errors."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read the config {path}: {error.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            raw = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            raw = yaml.safe_load(text) or {}
+        elif path.suffix == ".json":
+            raw = json.loads(text)
+        else:
+            raise ConfigError(f"{path}: use a .toml, .yaml or .json config file")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{path} does not parse: {error}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must hold a mapping of settings")
+    config = config_from_dict({**raw, **(overrides or {})}, where=str(path))
+    base = path.resolve().parent
+    for name in ("tasks", "eval_tasks"):
+        value = getattr(config, name)
+        if value and not Path(value).is_absolute():
+            setattr(config, name, str(base / value))
+    return config
+
+
+def config_from_dict(raw: dict[str, Any], *, where: str = "config") -> GRPOConfig:
+    """Build and validate a GRPOConfig from a mapping; unknown keys are refused by name."""
+    known = {f.name for f in dataclasses.fields(GRPOConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
+    values = dict(raw)
+    if isinstance(values.get("warm_start"), dict):
+        warm = values["warm_start"]
+        warm_known = {f.name for f in dataclasses.fields(WarmStartConfig)}
+        bad = sorted(set(warm) - warm_known)
+        if bad:
+            raise ConfigError(f"{where}: unknown key 'warm_start.{bad[0]}'; known: {', '.join(sorted(warm_known))}")
+        values["warm_start"] = WarmStartConfig(**warm)
+    config = GRPOConfig(**values)
+    config.validate()
+    return config
+
+
+def config_to_dict(config: GRPOConfig) -> dict[str, Any]:
+    """The config as plain data (saved next to the run for reproducibility)."""
+    return dataclasses.asdict(config)

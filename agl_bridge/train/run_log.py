@@ -1,0 +1,95 @@
+"""Seeing a run: one JSON line of metrics per step, TensorBoard, W&B when asked, a live console.
+
+`metrics.jsonl` is the source of truth (one object per step or evaluation, flushed as written, so a
+crashed run keeps everything up to its last step); the other sinks mirror it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+
+class RunLog:
+    """Writes metrics records to metrics.jsonl, TensorBoard and (optionally) W&B, and prints progress."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        tensorboard: bool = True,
+        wandb_project: str | None = None,
+        config: dict[str, Any] | None = None,
+        console: Console | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.console = console or Console(stderr=True)
+        self._file = (run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self._tensorboard = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
+        self._wandb = None
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError:
+                self.console.print(f"[yellow]wandb is not installed; metrics for {wandb_project!r} go to metrics.jsonl and TensorBoard only (pip install wandb)")
+            else:
+                self._wandb = wandb.init(project=wandb_project, config=config, dir=str(run_dir))
+        self._started = time.monotonic()
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record (it must have "step" and "phase") to every sink."""
+        record = {"time_s": round(time.monotonic() - self._started, 3), **record}
+        self._file.write(json.dumps(_json_safe(record)) + "\n")
+        self._file.flush()
+        step = int(record["step"])
+        numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        if self._tensorboard is not None:
+            for key, value in numbers.items():
+                self._tensorboard.add_scalar(f"{record['phase']}/{key}", value, step)
+            self._tensorboard.flush()
+        if self._wandb is not None:
+            self._wandb.log({f"{record['phase']}/{k}": v for k, v in numbers.items()}, step=step)
+
+    def say(self, message: str) -> None:
+        """A progress line on the console."""
+        elapsed = time.monotonic() - self._started
+        self.console.print(f"[dim]{elapsed:7.1f}s[/dim] {message}")
+
+    def close(self) -> None:
+        """Flush and close every sink."""
+        self._file.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of a run's metrics.jsonl (a torn last line from a crash is skipped)."""
+    records = []
+    path = Path(run_dir) / "metrics.jsonl"
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value

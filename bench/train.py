@@ -1,0 +1,164 @@
+"""Training primitives: forward_backward + optim_step throughput, and live weight-sync latency.
+
+Prints one JSON line:
+
+* train: tokens/s of one forward_backward (importance_sampling) + optim_step over 16 sequences of 64
+  tokens (tiny model, LoRA r=16 on all linear layers), median over `--steps` steps after warm-up;
+* sync: latency of `save_weights_and_get_sampling_client` (p50 / p90 / max over `--syncs` syncs)
+  while the in-process sampler keeps `--concurrency` requests in flight, plus the requests served,
+  how many saw a swap mid-sequence, and how many were dropped (must be 0).
+
+    .venv/bin/python bench/train.py [--model tiny] [--steps 10] [--syncs 20] [--concurrency 4] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from typing import Self
+
+import torch
+
+from agl_bridge.sampler.base import SamplingParams
+from agl_bridge.train import AdamParams, Datum, TrainingClient
+
+SEQUENCES = 16
+TOKENS = 64
+PROMPT = 16
+LORA_RANK = 16
+
+
+def _batch(client: TrainingClient) -> list[Datum]:
+    """16 on-policy datums of 64 input tokens each: 16 prompt tokens (weight 0), 48 trained ones."""
+    generator = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(10, client.vocab_size - 10, (TOKENS + 1,), generator=generator).tolist() for _ in range(SEQUENCES)]
+    mask = [0] * PROMPT + [1] * (TOKENS + 1 - PROMPT)
+    scored = client.forward([Datum.from_sequence(s, mask) for s in sequences]).loss_fn_outputs
+    return [
+        Datum.from_sequence(s, mask, [None, *out["logprobs"].tolist()], 1.0 if i % 2 else -1.0)
+        for i, (s, out) in enumerate(zip(sequences, scored, strict=True))
+    ]
+
+
+def _train_rate(client: TrainingClient, data: list[Datum], steps: int) -> dict[str, float]:
+    adam = AdamParams(learning_rate=1e-4)
+    for _ in range(2):  # warm-up
+        client.forward_backward(data, "importance_sampling")
+        client.optim_step(adam)
+    fb_times, step_times = [], []
+    for _ in range(steps):
+        start = time.perf_counter()
+        client.forward_backward(data, "importance_sampling")
+        middle = time.perf_counter()
+        client.optim_step(adam)
+        fb_times.append(middle - start)
+        step_times.append(time.perf_counter() - middle)
+    total = statistics.median(f + s for f, s in zip(fb_times, step_times, strict=True))
+    return {
+        "tokens_per_s": round(SEQUENCES * TOKENS / total, 1),
+        "step_ms": round(total * 1000, 2),
+        "forward_backward_ms": round(statistics.median(fb_times) * 1000, 2),
+        "optim_step_ms": round(statistics.median(step_times) * 1000, 2),
+    }
+
+
+class _Load:
+    """Keeps `concurrency` sample requests in flight on the sampler until stopped; counts outcomes."""
+
+    def __init__(self, sampler, concurrency: int) -> None:
+        self.sampler = sampler
+        self.served = self.dropped = self.spanning = self.tokens = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._agent, args=(i,), daemon=True) for i in range(concurrency)]
+
+    def _agent(self, index: int) -> None:
+        params = SamplingParams(max_tokens=64, temperature=1.0, stop=[])
+        while not self._stop.is_set():
+            try:
+                sequence = self.sampler.sample([5 + index, 6, 7, 8], params).sequences[0]
+            except Exception:  # noqa: BLE001 - any failure of a request in flight is a drop
+                self.dropped += 1
+                continue
+            self.served += 1
+            self.tokens += len(sequence.tokens)
+            self.spanning += len(set(sequence.token_policy_versions)) > 1
+
+    def __enter__(self) -> Self:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+
+
+def _sync_latency(client: TrainingClient, data: list[Datum], syncs: int, concurrency: int) -> dict[str, float]:
+    start = time.perf_counter()
+    sampling = client.save_weights_and_get_sampling_client()
+    create_ms = (time.perf_counter() - start) * 1000
+    first_version = sampling.weights_version
+    timings = []
+    with _Load(sampling.sampler, concurrency) as load:
+        time.sleep(0.2)  # let the requests get going
+        for _ in range(syncs):
+            client.forward_backward(data[:2], "importance_sampling")  # new weights each time, as in training
+            client.optim_step(AdamParams(learning_rate=1e-3))
+            start = time.perf_counter()
+            sampling = client.save_weights_and_get_sampling_client()
+            timings.append(time.perf_counter() - start)
+            time.sleep(0.02)
+    timings_ms = sorted(t * 1000 for t in timings)
+    return {
+        "p50_ms": round(statistics.median(timings_ms), 2),
+        "p90_ms": round(timings_ms[int(0.9 * (len(timings_ms) - 1))], 2),
+        "max_ms": round(timings_ms[-1], 2),
+        "first_sync_with_sampler_creation_ms": round(create_ms, 1),
+        "versions": sampling.weights_version - first_version,
+        "concurrent_requests": concurrency,
+        "requests_served": load.served,
+        "requests_spanning_a_swap": load.spanning,
+        "requests_dropped": load.dropped,
+    }
+
+
+def main() -> None:
+    """Run both measurements and print the JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--steps", type=int, default=10, help="timed training steps (median)")
+    parser.add_argument("--syncs", type=int, default=20)
+    parser.add_argument("--concurrency", type=int, default=4, help="sample requests kept in flight during syncs")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    with TrainingClient(args.model, lora_rank=LORA_RANK, lora_alpha=2 * LORA_RANK) as client:
+        data = _batch(client)
+        train = _train_rate(client, data, args.steps)
+        sync = _sync_latency(client, data, args.syncs, args.concurrency)
+    print(
+        json.dumps(
+            {
+                "bench": "train",
+                "model": args.model,
+                "device": str(client.device),
+                "torch_threads": torch.get_num_threads(),
+                "batch": f"{SEQUENCES}x{TOKENS}",
+                "lora_rank": LORA_RANK,
+                "loss_fn": "importance_sampling",
+                "train": train,
+                "sync": sync,
+                "sync_p50_within_100ms": sync["p50_ms"] <= 100,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

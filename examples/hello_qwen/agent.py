@@ -1,0 +1,44 @@
+"""The hello agent: plain OpenAI SDK code with one added line, `emit_reward(...)`.
+
+The model is asked to play a game — "Let's play a game. Say you are 42." — and is rewarded +1 when
+it says it is that number ("I'm 42" / "I am 42"), −1 when it denies it or claims to be something
+else, and 0 otherwise. Nothing here knows about training: point `base_url` anywhere OpenAI-
+compatible and it runs as an ordinary agent.
+"""
+
+from __future__ import annotations
+
+import re
+
+from openai import OpenAI
+
+from agl_bridge import emit_reward
+
+_CLAIM = re.compile(r"\bi(?:'m| am)\s+(not\s+)?([^\s.,!?;:]+)", re.IGNORECASE)
+
+
+def prompt_for(number: int) -> str:
+    """The user message for one task."""
+    return f"Let's play a game. Say you are {number}."
+
+
+def reward_for(reply: str | None, number: int) -> float:
+    """+1 for "I'm N"/"I am N", −1 for denying N or claiming another identity, else 0."""
+    verdict = 0.0
+    for negated, claimed in _CLAIM.findall(reply or ""):
+        if claimed == str(number) and not negated:
+            return 1.0
+        if claimed == str(number) or not negated:
+            verdict = -1.0
+    return verdict
+
+
+def hello_agent(task: int, endpoint) -> None:
+    """One rollout: ask, read the reply, emit the reward. `endpoint` carries base_url/model/key."""
+    client = OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key)
+    response = client.chat.completions.create(
+        model=endpoint.model,
+        messages=[{"role": "user", "content": prompt_for(task)}],
+        max_tokens=16,
+    )
+    emit_reward(reward_for(response.choices[0].message.content, task))

@@ -1,0 +1,85 @@
+"""Train the hello agent: a short supervised warm start, then GRPO through the proxy, on a CPU.
+
+    python examples/hello_qwen/train.py                       # the tiny default model, ~10 minutes
+    python examples/hello_qwen/train.py --quick               # a few steps, to check the pipeline
+    python examples/hello_qwen/train.py --model Qwen/Qwen3-4B-Instruct-2507 --no-warm-start   # a GPU
+
+Numbers 0–999 are split once: held-out numbers are never trained on, so the evaluation shows the
+policy generalising ("Say you are 731" → "I'm 731"), not memorising.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from agent import hello_agent, prompt_for  # noqa: E402
+
+from agl_bridge.train.config import GRPOConfig, WarmStartConfig  # noqa: E402
+from agl_bridge.train.grpo import GRPOTrainer, RunSummary  # noqa: E402
+
+HELD_OUT = 40
+
+
+def split_numbers(seed: int = 1234) -> tuple[list[int], list[int]]:
+    """(training numbers, held-out numbers): disjoint, fixed for a seed."""
+    numbers = list(range(1000))
+    random.Random(seed).shuffle(numbers)
+    return numbers[HELD_OUT:], sorted(numbers[:HELD_OUT])
+
+
+def build_config(args: argparse.Namespace) -> GRPOConfig:
+    """The run's settings; --quick shrinks everything for CI."""
+    quick = args.quick
+    return GRPOConfig(
+        model=args.model,
+        run_dir=args.run_dir,
+        steps=args.steps or (3 if quick else 30),
+        batch_size=4 if quick else 8,
+        group_size=4 if quick else 8,
+        learning_rate=args.learning_rate,
+        lora_rank=16,
+        lora_alpha=32,
+        loss_fn="importance_sampling",
+        tis_cap=2.0,
+        aggregation="token_mean",
+        eval_every=1 if quick else 5,
+        checkpoint_every=1 if quick else 10,
+        default_max_tokens=16,
+        concurrency=32,
+        seed=args.seed,
+        warm_start=WarmStartConfig(steps=0 if args.no_warm_start else (20 if quick else args.warm_start_steps), batch_size=16, learning_rate=2e-3),
+    )
+
+
+def main(argv: list[str] | None = None) -> RunSummary:
+    """Parse arguments, train, print the summary table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny", help="tiny (built offline), a local model directory, or a hub id")
+    parser.add_argument("--run-dir", default="runs/hello")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 30, 3 with --quick)")
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--warm-start-steps", type=int, default=120)
+    parser.add_argument("--no-warm-start", action="store_true", help="RL only (for real instruct models)")
+    parser.add_argument("--quick", action="store_true", help="a few small steps, to check the pipeline")
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --run-dir")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    train_numbers, held_out = split_numbers()
+    trainer = GRPOTrainer(
+        build_config(args),
+        agent=hello_agent,
+        tasks=train_numbers,
+        eval_tasks=held_out,
+        warm_start_pairs=[(prompt_for(n), f"I'm {n}.") for n in train_numbers],
+    )
+    return trainer.run(resume=args.resume)
+
+
+if __name__ == "__main__":
+    main()
