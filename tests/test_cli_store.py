@@ -92,12 +92,12 @@ def test_export_what_defaults_to_calls_and_filters_by_rollout(store_path: Path, 
     assert {json.loads(line)["rollout_id"] for line in out.read_text().splitlines()} == {"ro-1"}
 
 
-def test_export_what_only_accepts_calls(store_path: Path, tmp_path: Path) -> None:
+def test_export_what_only_accepts_known_choices(store_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
-    result = runner.invoke(app, ["export", "--store", str(store_path), "--what", "trajectories", "--out", str(out)])
+    result = runner.invoke(app, ["export", "--store", str(store_path), "--what", "spans", "--out", str(out)])
     assert result.exit_code == 2
     flat = " ".join(result.output.replace("│", " ").split())
-    assert "--what" in flat and "'calls'" in flat and "Traceback" not in flat
+    assert "--what" in flat and "'calls'" in flat and "'trajectories'" in flat and "Traceback" not in flat
     assert not out.exists()
 
 

@@ -8,6 +8,9 @@ can walk millions of records in bounded memory.
 Ordering: records are grouped by (rollout, attempt) and come in ascending `sequence` within each
 group (LLM calls: then `choice_index`). Calls, rewards and generic spans share a sequence space
 per (rollout, attempt); records outside any rollout share one "no rollout" space.
+
+`iter_rollout_records` is the read a converter uses: one rollout at a time with its attempts and
+their calls and rewards, so memory holds one rollout whatever the store holds.
 """
 
 from __future__ import annotations
@@ -16,7 +19,17 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
-from agl_bridge.types import Attempt, AttemptStatus, LLMCall, Reward, Rollout, RolloutStatus, StoredSpan
+from agl_bridge.types import (
+    Attempt,
+    AttemptRecords,
+    AttemptStatus,
+    LLMCall,
+    Reward,
+    Rollout,
+    RolloutRecords,
+    RolloutStatus,
+    StoredSpan,
+)
 
 
 @runtime_checkable
@@ -150,3 +163,38 @@ class Store(Protocol):
     def iter_all_spans(self) -> AsyncIterator[StoredSpan]:
         """Stream every generic span, those outside any rollout first."""
         ...
+
+    def iter_rollout_records(
+        self, rollout_ids: Iterable[str] | None = None, *, with_messages: bool = True
+    ) -> AsyncIterator[RolloutRecords]:
+        """Stream rollouts one at a time, each with its attempts and their calls and rewards.
+
+        rollout_ids None: every rollout the store has a row for, in rollout id order (records of
+        rollouts without a row are not included); given: those rollouts in that order, duplicates
+        once, RolloutNotFoundError when an unknown id is reached. Records are grouped as
+        `group_rollout_records` does. with_messages=False leaves each call's `messages` empty
+        instead of reading them, for readers that need only the tokens (the converter).
+        """
+        ...
+
+
+def group_rollout_records(
+    rollout: Rollout, attempts: Sequence[Attempt], calls: Iterable[LLMCall], rewards: Iterable[Reward]
+) -> RolloutRecords:
+    """Bundle one rollout's records by attempt (attempts sorted by number; record order is kept).
+
+    Records whose attempt is not one of `attempts` (none, or one the store has no row for) go to
+    `other_calls` / `other_rewards`.
+    """
+    by_attempt = {
+        attempt.attempt_id: AttemptRecords(attempt=attempt)
+        for attempt in sorted(attempts, key=lambda attempt: attempt.number)
+    }
+    grouped = RolloutRecords(rollout=rollout, attempts=list(by_attempt.values()))
+    for call in calls:
+        bundle = by_attempt.get(call.attempt_id) if call.attempt_id is not None else None
+        (grouped.other_calls if bundle is None else bundle.calls).append(call)
+    for reward in rewards:
+        bundle = by_attempt.get(reward.attempt_id) if reward.attempt_id is not None else None
+        (grouped.other_rewards if bundle is None else bundle.rewards).append(reward)
+    return grouped

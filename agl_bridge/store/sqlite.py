@@ -25,12 +25,13 @@ unique across processes too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import secrets
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -41,11 +42,13 @@ import aiosqlite
 
 from agl_bridge import __version__
 from agl_bridge.store import sqlite_rollouts
-from agl_bridge.store.codec import encode_json
-from agl_bridge.store.errors import StoreClosedError, StoreError
+from agl_bridge.store.base import group_rollout_records
+from agl_bridge.store.codec import decode_float64s, decode_int32s, decode_json, encode_json
+from agl_bridge.store.errors import RolloutNotFoundError, StoreClosedError, StoreError
 from agl_bridge.store.group_commit import GroupCommitter
 from agl_bridge.store.sqlite_rows import (
     ATTEMPT_SELECT,
+    LLM_CALL_COLUMNS,
     LLM_CALL_SELECT,
     NO_ID,
     REWARD_SELECT,
@@ -62,12 +65,81 @@ from agl_bridge.store.sqlite_rows import (
     key_of,
 )
 from agl_bridge.store.sqlite_writer import FuncOp, RecordOp, SequenceOp, SQLiteWriter, WriteOp
-from agl_bridge.types import Attempt, AttemptStatus, LLMCall, Reward, Rollout, RolloutStatus, StoredSpan
+from agl_bridge.types import (
+    Attempt,
+    AttemptStatus,
+    LLMCall,
+    Reward,
+    Rollout,
+    RolloutRecords,
+    RolloutStatus,
+    StoredSpan,
+    Usage,
+)
 
 _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _CALL_KEY = ("rollout_key", "attempt_key", "sequence", "choice_index")
 _REWARD_KEY = ("rollout_key", "attempt_key", "sequence")
 _SPAN_KEY = _REWARD_KEY
+# The call columns with `messages` not read (NULL): decoding message JSON is a large part of the
+# cost of reading a call, and token-level readers (the converter) never look at it.
+_LLM_CALL_SELECT_NO_MESSAGES = ", ".join("NULL" if c == "messages" else c for c in LLM_CALL_COLUMNS)
+_EMPTY_JSON_LIST = "[]"
+
+
+def _decode_call_without_messages(row: Sequence[Any]) -> LLMCall:
+    """`decode_llm_call` for rows of _LLM_CALL_SELECT_NO_MESSAGES: `messages` is left empty.
+
+    Written out rather than wrapping decode_llm_call so that the usual empty prefix-break list
+    skips the JSON parser too (the converter reads tens of thousands of calls per second).
+    """
+    (
+        rollout_key,
+        attempt_key,
+        sequence,
+        choice_index,
+        kind,
+        model,
+        prompt_ids,
+        response_ids,
+        logprobs,
+        versions,
+        policy_version,
+        _messages,
+        response_text,
+        finish_reason,
+        agent_name,
+        started_at,
+        ended_at,
+        prefix_breaks,
+        span_id,
+        trace_id,
+        input_tokens,
+        output_tokens,
+    ) = row
+    return LLMCall(
+        rollout_id=rollout_key or None,
+        attempt_id=attempt_key or None,
+        sequence=sequence,
+        choice_index=choice_index,
+        kind=kind,
+        model=model,
+        prompt_token_ids=decode_int32s(prompt_ids),
+        response_token_ids=decode_int32s(response_ids),
+        response_logprobs=decode_float64s(logprobs),
+        token_policy_versions=decode_int32s(versions),
+        policy_version=policy_version,
+        messages=[],
+        response_text=response_text,
+        finish_reason=finish_reason,
+        agent_name=agent_name,
+        started_at=started_at,
+        ended_at=ended_at,
+        prefix_breaks=[] if prefix_breaks == _EMPTY_JSON_LIST else decode_json(prefix_breaks),
+        span_id=span_id,
+        trace_id=trace_id,
+        usage=None if input_tokens is None else Usage(input_tokens=input_tokens, output_tokens=output_tokens),
+    )
 
 
 class SQLiteStore:
@@ -406,6 +478,80 @@ class SQLiteStore:
         async for row in self._stream("spans", SPAN_SELECT, _SPAN_KEY, (), attributed_only=False):
             yield decode_span(row)
 
+    async def iter_rollout_records(
+        self, rollout_ids: Iterable[str] | None = None, *, with_messages: bool = True
+    ) -> AsyncIterator[RolloutRecords]:
+        """Stream rollouts one at a time with their attempts, calls and rewards (see `Store`).
+
+        The whole-store walk (rollout_ids None) reads rollouts a page at a time with one attempts
+        query per page, and merges them with one ordered page stream of calls and one of rewards:
+        a handful of queries per page of rollouts instead of four per rollout. Each stream asks
+        for its next page before the current one is handed over, so the reader thread fetches
+        while this one decodes. Memory: two pages of rows per table plus the current rollout.
+        """
+        select = LLM_CALL_SELECT if with_messages else _LLM_CALL_SELECT_NO_MESSAGES
+        decode_call = decode_llm_call if with_messages else _decode_call_without_messages
+        if rollout_ids is not None:
+            if isinstance(rollout_ids, str):
+                raise TypeError(f"rollout_ids must be a collection of ids, not the string {rollout_ids!r}")
+            for rollout_id in dict.fromkeys(rollout_ids):
+                yield await self._one_rollout_records(rollout_id, select, decode_call)
+            return
+        call_pages = self._pages("llm_calls", select, _CALL_KEY, (), attributed_only=True, prefetch=True)
+        reward_pages = self._pages("rewards", REWARD_SELECT, _REWARD_KEY, (), attributed_only=True, prefetch=True)
+        async with contextlib.aclosing(call_pages), contextlib.aclosing(reward_pages):
+            calls, rewards = _RolloutCursor(call_pages), _RolloutCursor(reward_pages)
+            async for rollout, attempts in self._rollout_pages():
+                rollout_id = rollout.rollout_id
+                rollout_calls = [decode_call(row) for row in await calls.take(rollout_id)]
+                rollout_rewards = [decode_reward(row) for row in await rewards.take(rollout_id)]
+                yield group_rollout_records(rollout, attempts, rollout_calls, rollout_rewards)
+
+    async def _one_rollout_records(
+        self, rollout_id: str, call_select: str, decode_call: Callable[[Sequence[Any]], LLMCall]
+    ) -> RolloutRecords:
+        rollout = await self.get_rollout(rollout_id)
+        if rollout is None:
+            raise RolloutNotFoundError(rollout_id)
+        attempts = await self.list_attempts(rollout_id)
+        fixed = (rollout_id,)
+        calls = [
+            decode_call(row)
+            async for row in self._stream("llm_calls", call_select, _CALL_KEY, fixed, attributed_only=True)
+        ]
+        rewards = [
+            decode_reward(row)
+            async for row in self._stream("rewards", REWARD_SELECT, _REWARD_KEY, fixed, attributed_only=True)
+        ]
+        return group_rollout_records(rollout, attempts, calls, rewards)
+
+    async def _rollout_pages(self) -> AsyncIterator[tuple[Rollout, list[Attempt]]]:
+        """Every rollout in rollout id order with its attempts, fetched a page of rollouts at a time."""
+        last: str | None = None
+        while True:
+            if last is None:
+                sql, args = f"SELECT {ROLLOUT_SELECT} FROM rollouts ORDER BY rollout_id LIMIT ?", [self._page]
+            else:
+                sql = f"SELECT {ROLLOUT_SELECT} FROM rollouts WHERE rollout_id > ? ORDER BY rollout_id LIMIT ?"
+                args = [last, self._page]
+            rows = await self._fetch(sql, args)
+            if not rows:
+                return
+            ids = [row[0] for row in rows]
+            marks = ", ".join("?" for _ in ids)
+            attempt_rows = await self._fetch(
+                f"SELECT {ATTEMPT_SELECT} FROM attempts WHERE rollout_id IN ({marks}) ORDER BY rollout_id, number",
+                ids,
+            )
+            attempts: dict[str, list[Attempt]] = {}
+            for attempt_row in attempt_rows:
+                attempts.setdefault(attempt_row[0], []).append(decode_attempt(attempt_row))
+            for row in rows:
+                yield decode_rollout(row), attempts.get(row[0], [])
+            if len(rows) < self._page:
+                return
+            last = ids[-1]
+
     # --- internals --------------------------------------------------------------------------------
 
     def _require_committer(self) -> GroupCommitter[WriteOp]:
@@ -435,19 +581,36 @@ class SQLiteStore:
     async def _stream(
         self, table: str, select: str, key: tuple[str, ...], fixed: Sequence[str], *, attributed_only: bool
     ) -> AsyncIterator[Sequence[Any]]:
+        pages = self._pages(table, select, key, fixed, attributed_only=attributed_only)
+        async with contextlib.aclosing(pages):
+            async for rows in pages:
+                for row in rows:
+                    yield row
+
+    async def _pages(
+        self,
+        table: str,
+        select: str,
+        key: tuple[str, ...],
+        fixed: Sequence[str],
+        *,
+        attributed_only: bool,
+        prefetch: bool = False,
+    ) -> AsyncIterator[list[Any]]:
         # Keyset pagination over the ordering index `key`. `fixed` holds values for the leading
         # key columns (a rollout, or a rollout and attempt). Each page is its own short query that
         # resumes after the last key seen, phrased as "leading columns = fixed values AND (the
         # other key columns) > (last values)" so SQLite seeks straight to the resume point in the
         # index instead of filtering from the start (which would make a long walk quadratic).
-        # Rows added during the walk that sort after the cursor are included.
+        # Rows added during the walk that sort after the cursor are included. With `prefetch`,
+        # the next page's query is sent before a page is yielded (at most one in flight).
         n_fixed = len(fixed)
         equal = [f"{column} = ?" for column in key[:n_fixed]]
         rest = key[n_fixed:]
         order = ", ".join(key)
         after = f"({', '.join(rest)}) > ({', '.join('?' for _ in rest)})"
-        last: Sequence[Any] | None = None
-        while True:
+
+        def page_query(last: Sequence[Any] | None) -> tuple[str, list[Any]]:
             where = list(equal)
             args: list[Any] = list(fixed)
             if last is not None:
@@ -461,12 +624,58 @@ class SQLiteStore:
                 sql += " WHERE " + " AND ".join(where)
             sql += f" ORDER BY {order} LIMIT ?"
             args.append(self._page)
-            rows = await self._fetch(sql, args)
-            for row in rows:
-                yield row
-            if len(rows) < self._page:
-                return
-            last = rows[-1][: len(key)]
+            return sql, args
+
+        pending: asyncio.Future[list[Any]] | None = None
+        try:
+            rows = await self._fetch(*page_query(None))
+            while True:
+                full = len(rows) == self._page
+                if full and prefetch:
+                    pending = asyncio.ensure_future(self._fetch(*page_query(rows[-1][: len(key)])))
+                if rows:
+                    yield rows
+                if not full:
+                    return
+                if pending is not None:
+                    rows, pending = await pending, None
+                else:
+                    rows = await self._fetch(*page_query(rows[-1][: len(key)]))
+        finally:
+            if pending is not None:  # left early with a page in flight: let it finish, drop it
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StoreError):
+                    await pending
+
+
+class _RolloutCursor:
+    """Rows of one ordered page stream (column 0: the rollout key), handed out rollout by rollout."""
+
+    def __init__(self, pages: AsyncIterator[list[Any]]) -> None:
+        self._pages = pages
+        self._rows: list[Any] = []
+        self._at = 0
+        self._done = False
+
+    async def take(self, rollout_id: str) -> list[Any]:
+        """The rows of `rollout_id`, skipping rows of earlier rollouts (ids must come ascending)."""
+        taken: list[Any] = []
+        while True:
+            rows, at, n = self._rows, self._at, len(self._rows)
+            while at < n and rows[at][0] < rollout_id:
+                at += 1
+            start = at
+            while at < n and rows[at][0] == rollout_id:
+                at += 1
+            taken.extend(rows[start:at])
+            self._at = at
+            if at < n or self._done:
+                return taken
+            page = await anext(self._pages, None)  # this rollout's rows may go on in the next page
+            if page is None:
+                self._done = True
+                return taken
+            self._rows, self._at = page, 0
 
 
 def new_id(prefix: str) -> str:

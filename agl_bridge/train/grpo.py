@@ -42,7 +42,7 @@ from agl_bridge.train.plot import plot_run
 from agl_bridge.train.run_log import RunLog
 
 CHECKPOINTS = "checkpoints"
-TRAINER_STATE = "trainer_state.json"
+LOOP_STATE = "grpo_state.json"
 
 
 @dataclass
@@ -370,11 +370,11 @@ class GRPOTrainer:
     def _checkpoint(self, client: TrainingClient, next_step: int, eval_start: float | None, log: RunLog) -> None:
         path = self.run_dir / CHECKPOINTS / f"step_{next_step:06d}"
         client.save_state(path)
-        (path / TRAINER_STATE).write_text(json.dumps({"next_step": next_step, "eval_start": eval_start, "seed": self.config.seed}))
+        (path / LOOP_STATE).write_text(json.dumps({"next_step": next_step, "eval_start": eval_start, "seed": self.config.seed}))
         log.say(f"checkpoint {path}")
 
     def _resume_state(self, client: TrainingClient, log: RunLog) -> dict[str, Any] | None:
-        candidates = sorted((self.run_dir / CHECKPOINTS).glob(f"step_*/{TRAINER_STATE}"))
+        candidates = sorted((self.run_dir / CHECKPOINTS).glob(f"step_*/{LOOP_STATE}"))
         if not candidates:
             log.say(f"no checkpoint in {self.run_dir / CHECKPOINTS}; starting from scratch")
             return None

@@ -1,0 +1,120 @@
+"""`convert_store`: stream a store's rollouts into trajectories, one rollout in memory at a time.
+
+The store walks rollouts in one pass (`Store.iter_rollout_records`, messages left unread: only
+tokens train); each attempt goes through `convert_attempt`, and every attempt, call and reward
+seen is counted in a `ConversionReport`. Which attempts train:
+  - an attempt trains only if it succeeded AND its rollout is final: while a rollout is queued or
+    running, its succeeded attempt counts as NOT_FINISHED (the runner may still record rewards
+    for it); a rollout marked failed or timed_out trains none of its attempts (its verdict wins);
+  - rewards recorded for the rollout outside any attempt belong to its last attempt (the one the
+    rollout's outcome is about) and attach to no call; rewards naming an attempt the store has no
+    row for are ignored (counted in `rewards_ignored`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+
+from agl_bridge.convert.policy import DEFAULT_OPTIONS, ConvertOptions, skip_reason
+from agl_bridge.convert.trajectory import convert_attempt
+from agl_bridge.store.base import Store
+from agl_bridge.store.export import closing_stream
+from agl_bridge.types import (
+    Attempt,
+    AttemptStatus,
+    ConversionReport,
+    DropReason,
+    Rollout,
+    RolloutRecords,
+    RolloutStatus,
+    Trajectory,
+)
+
+OUTSIDE_ATTEMPT = "outside_attempt"
+"""`calls_not_trained` key: a rollout's calls made outside any of its attempts."""
+
+DROPPED_ATTEMPT = "dropped_attempt"
+"""`calls_not_trained` key: calls of an attempt that produced no trajectory."""
+
+_ROLLOUT_VERDICTS = {RolloutStatus.FAILED: AttemptStatus.FAILED, RolloutStatus.TIMED_OUT: AttemptStatus.TIMED_OUT}
+
+
+def effective_status(rollout: Rollout, attempt: Attempt) -> AttemptStatus:
+    """The status `attempt` trains by: its own, unless its rollout is unfinished or failed (module doc)."""
+    if attempt.status is not AttemptStatus.SUCCEEDED:
+        return attempt.status
+    if not rollout.status.is_final:
+        return AttemptStatus.RUNNING
+    return _ROLLOUT_VERDICTS.get(rollout.status, attempt.status)
+
+
+def _count(counts: dict[str, int], key: str, n: int = 1) -> None:
+    if n:
+        counts[key] = counts.get(key, 0) + n
+
+
+def convert_rollout(records: RolloutRecords, options: ConvertOptions, report: ConversionReport) -> list[Trajectory]:
+    """Convert every attempt of one rollout; counts everything seen in `report`."""
+    rollout = records.rollout
+    report.rollouts_seen += 1
+    report.calls_seen += len(records.other_calls)
+    _count(report.calls_not_trained, OUTSIDE_ATTEMPT, len(records.other_calls))
+    rollout_level = [reward for reward in records.other_rewards if reward.attempt_id is None]
+    report.rewards_seen += len(records.other_rewards)
+    report.rewards_ignored += len(records.other_rewards) - (len(rollout_level) if records.attempts else 0)
+    trajectories: list[Trajectory] = []
+    for bundle in records.attempts:
+        report.attempts_seen += 1
+        report.calls_seen += len(bundle.calls)
+        report.rewards_seen += len(bundle.rewards)
+        rewards = bundle.rewards + rollout_level if rollout_level and bundle is records.attempts[-1] else bundle.rewards
+        result = convert_attempt(
+            bundle.calls,
+            rewards,
+            effective_status(rollout, bundle.attempt),
+            options,
+            rollout_id=rollout.rollout_id,
+            attempt_id=bundle.attempt.attempt_id,
+            group_id=rollout.group_id,
+            task=rollout.task,
+        )
+        if isinstance(result, DropReason):
+            _count(report.dropped, result.value)
+            _count(report.calls_not_trained, DROPPED_ATTEMPT, len(bundle.calls))
+            continue
+        report.attempts_converted += 1
+        report.segments += len(result.segments)
+        report.missing_reward_zeroed += result.missing_reward
+        for segment in result.segments:
+            if segment.split_kind is not None:
+                _count(report.splits, segment.split_kind.value)
+        trained = result.num_calls
+        report.calls_trained += trained
+        if trained < len(bundle.calls):
+            for call in bundle.calls:
+                reason = skip_reason(call, options)
+                if reason is not None:
+                    _count(report.calls_not_trained, reason)
+        trajectories.append(result)
+    return trajectories
+
+
+async def convert_store(
+    store: Store,
+    *,
+    rollout_ids: Iterable[str] | None = None,
+    options: ConvertOptions = DEFAULT_OPTIONS,
+    report: ConversionReport | None = None,
+) -> AsyncIterator[Trajectory]:
+    """Stream the trajectories of a store (or of `rollout_ids`, in that order), rollout by rollout.
+
+    Whole store: rollouts in rollout id order (creation order for store-made ids). Pass a
+    `ConversionReport` to have it filled as the stream advances (complete once it is exhausted).
+    Raises RolloutNotFoundError when an unknown id of `rollout_ids` is reached, and
+    MissingRewardError under `missing_reward="error"`.
+    """
+    report = ConversionReport() if report is None else report
+    async with closing_stream(store.iter_rollout_records(rollout_ids, with_messages=False)) as stream:
+        async for records in stream:
+            for trajectory in convert_rollout(records, options, report):
+                yield trajectory

@@ -1,0 +1,116 @@
+"""GRPO loop parts: config loading, the task schedule, advantages, datums, agent loading."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from agl_bridge.convert import SegmentCall, Trajectory, TrajectorySegment
+from agl_bridge.train.advantages import datums_for, group_advantages
+from agl_bridge.train.config import ConfigError, GRPOConfig, config_from_dict, load_config
+from agl_bridge.train.grpo import TaskSchedule, load_agent, sft_datum
+
+
+def test_config_files_in_three_formats(tmp_path: Path) -> None:
+    (tmp_path / "tasks.jsonl").write_text("1\n")
+    (tmp_path / "run.toml").write_text('agent = "a.py:f"\ntasks = "tasks.jsonl"\nsteps = 3\n[warm_start]\nsteps = 5\n')
+    (tmp_path / "run.yaml").write_text("agent: a.py:f\ntasks: tasks.jsonl\nsteps: 3\n")
+    (tmp_path / "run.json").write_text(json.dumps({"agent": "a.py:f", "tasks": "tasks.jsonl", "steps": 3}))
+    for name in ("run.toml", "run.yaml", "run.json"):
+        config = load_config(tmp_path / name)
+        assert config.steps == 3 and config.tasks == str(tmp_path / "tasks.jsonl")
+    assert load_config(tmp_path / "run.toml").warm_start.steps == 5
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"stepz": 3}, "unknown key 'stepz'"),
+        ({"warm_start": {"stepz": 1}}, "unknown key 'warm_start.stepz'"),
+        ({"batch_size": 0}, "batch_size must be an integer >= 1"),
+        ({"loss_fn": "dpo"}, "loss_fn must be one of"),
+        ({"tis_cap": 0.5}, "tis_cap must be >= 1"),
+        ({"clip_high_threshold": 0.2}, "clip thresholds are ratios"),
+        ({"learning_rate": 0}, "learning_rate must be > 0"),
+    ],
+)
+def test_config_errors_name_the_key(raw: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(raw)
+
+
+def test_unreadable_config_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the config"):
+        load_config(tmp_path / "missing.toml")
+    (tmp_path / "bad.toml").write_text("steps = = 3")
+    with pytest.raises(ConfigError, match="does not parse"):
+        load_config(tmp_path / "bad.toml")
+
+
+def test_schedule_is_deterministic_and_covers_each_epoch_once() -> None:
+    schedule = TaskSchedule(list(range(10)), batch_size=4, seed=3)
+    steps = [schedule.for_step(k) for k in range(5)]  # 20 positions = exactly two epochs
+    assert steps == [TaskSchedule(list(range(10)), 4, 3).for_step(k) for k in range(5)]
+    flat = [t for step in steps for t in step]
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:]) == list(range(10))
+    assert flat[:10] != flat[10:], "each epoch is shuffled anew"
+    assert TaskSchedule(list(range(10)), 4, 4).for_step(0) != steps[0]
+
+
+def _trajectory(rollout: str, group: str, reward: float, tokens: int = 6) -> Trajectory:
+    segment = TrajectorySegment(
+        input_ids=list(range(tokens)),
+        loss_mask=[0, 0, 0] + [1] * (tokens - 3),
+        sampler_logprobs=[0.0, 0.0, 0.0] + [-1.0] * (tokens - 3),
+        policy_versions=[-1, -1, -1] + [0] * (tokens - 3),
+        model="tiny",
+        calls=[SegmentCall(sequence=0, choice_index=0, response_start=3, response_end=tokens)],
+    )
+    return Trajectory(rollout_id=rollout, attempt_id="at-" + rollout, group_id=group, reward=reward, segments=[segment])
+
+
+def test_advantages_are_centred_per_group_and_flat_groups_dropped() -> None:
+    batch = group_advantages(
+        [_trajectory("r1", "g1", 1.0), _trajectory("r2", "g1", 0.0), _trajectory("r3", "g2", 0.5), _trajectory("r4", "g2", 0.5)]
+    )
+    assert batch.groups == 2 and batch.groups_dropped_zero_variance == 1
+    assert {t.rollout_id: a for t, a in batch.items} == {"r1": 0.5, "r2": -0.5}
+    scaled = group_advantages([_trajectory("r1", "g1", 1.0), _trajectory("r2", "g1", 0.0)], std_scaling=True)
+    assert [round(a, 4) for _, a in scaled.items] == [1.0, -1.0]
+
+
+@pytest.mark.parametrize(("aggregation", "scale"), [("token_sum", 1.0), ("token_mean", 1 / 5), ("sequence_mean", 1 / 10)])
+def test_datums_carry_scaled_advantages_on_sampled_tokens_only(aggregation: str, scale: float) -> None:
+    items = [(_trajectory("r1", "g", 1.0, tokens=6), 0.5), (_trajectory("r2", "g", 0.0, tokens=5), -0.5)]
+    datums = datums_for(items, aggregation)
+    assert [d.model_input for d in datums] == [[0, 1, 2, 3, 4], [0, 1, 2, 3]]
+    first = datums[0].loss_fn_inputs
+    assert first["target_tokens"] == [1, 2, 3, 4, 5]
+    assert first["weights"] == [0, 0, 1, 1, 1]
+    expected = 0.5 * (scale if aggregation != "sequence_mean" else 1 / (3 * 2))
+    assert first["advantages"] == pytest.approx([0, 0, expected, expected, expected])
+    assert first["logprobs"][2:] == [-1.0, -1.0, -1.0]
+
+
+def test_load_agent(tmp_path: Path) -> None:
+    (tmp_path / "my_agent.py").write_text("def run(task, endpoint):\n    return 1.0\n")
+    assert load_agent(f"{tmp_path / 'my_agent.py'}:run")(None, None) == 1.0
+    assert load_agent("json:dumps") is json.dumps
+    assert load_agent(["python", "agent.py"]).argv == ["python", "agent.py"]
+    for spec, message in (("nocolon", "must look like"), (f"{tmp_path / 'nope.py'}:run", "does not exist"), ("json:nothing", "no function")):
+        with pytest.raises(ConfigError, match=message):
+            load_agent(spec)
+
+
+def test_sft_datum_trains_only_the_response(tiny_tokenizer) -> None:
+    from agl_bridge.chat import ChatCodec
+
+    codec = ChatCodec(tiny_tokenizer)
+    datum = sft_datum(codec, "Say you are 7.", "I'm 7.")
+    weights = datum.loss_fn_inputs["weights"]
+    trained = [t for t, w in zip(datum.loss_fn_inputs["target_tokens"], weights) if w]
+    assert tiny_tokenizer.decode(trained) == "I'm 7.<|im_end|>"
+    assert not math.isnan(sum(weights))
