@@ -6,7 +6,10 @@ Prints one JSON line:
   tokens (tiny model, LoRA r=16 on all linear layers), median over `--steps` steps after warm-up;
 * sync: latency of `save_weights_and_get_sampling_client` (p50 / p90 / max over `--syncs` syncs)
   while the in-process sampler keeps `--concurrency` requests in flight, plus the requests served,
-  how many saw a swap mid-sequence, and how many were dropped (must be 0).
+  how many saw a swap mid-sequence, and how many were dropped (must be 0);
+* grpo_step: a short GRPO run (`--grpo-steps` steps of 8 tasks × 8 rollouts of a toy agent through
+  the real proxy) and the median share of a step's wall time spent outside sampling and
+  forward/backward (converting, advantages, datums, weight sync, bookkeeping), with the time split.
 
     .venv/bin/python bench/train.py [--model tiny] [--steps 10] [--syncs 20] [--concurrency 4] [--threads N]
 """
@@ -126,6 +129,45 @@ def _sync_latency(client: TrainingClient, data: list[Datum], syncs: int, concurr
     }
 
 
+def toy_agent(task: str, endpoint) -> float:
+    """A one-call agent whose reward is the reply's characters per sampled token."""
+    reply = endpoint.openai_client().chat.completions.create(
+        model=endpoint.model,
+        messages=[{"role": "user", "content": f"Write something about {task}."}],
+        max_tokens=16,
+        extra_body={"return_token_ids": True},
+    )
+    return len(reply.choices[0].message.content or "") / max(1, len(reply.choices[0].model_extra["token_ids"]))
+
+
+def _grpo_overhead(model: str, steps: int) -> dict[str, float]:
+    import tempfile
+
+    from agl_bridge.train.config import GRPOConfig
+    from agl_bridge.train.grpo import GRPOTrainer
+    from agl_bridge.train.run_log import read_metrics
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        config = GRPOConfig(
+            model=model, run_dir=run_dir, steps=steps, batch_size=8, group_size=8, learning_rate=1e-3,
+            aggregation="token_mean", eval_every=10**6, checkpoint_every=10**6, default_max_tokens=16, tensorboard=False,
+        )
+        GRPOTrainer(config, agent=toy_agent, tasks=[f"topic {i}" for i in range(16)]).run()
+        records = [r for r in read_metrics(run_dir) if r["phase"] == "train"][1:]  # the first step warms up
+    def median(key: str) -> float:
+        return round(statistics.median(r[key] for r in records), 4)
+
+    return {
+        "steps_measured": len(records),
+        "overhead_share_p50": median("overhead_share"),
+        "step_s_p50": median("time_step_s"),
+        "sample_s_p50": median("time_sample_s"),
+        "forward_backward_s_p50": median("time_forward_backward_s"),
+        "convert_s_p50": median("time_convert_s"),
+        "sync_s_p50": median("time_sync_s"),
+    }
+
+
 def main() -> None:
     """Run both measurements and print the JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -134,6 +176,7 @@ def main() -> None:
     parser.add_argument("--syncs", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=4, help="sample requests kept in flight during syncs")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--grpo-steps", type=int, default=6, help="GRPO steps for the overhead share (0 skips it)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -142,6 +185,7 @@ def main() -> None:
         data = _batch(client)
         train = _train_rate(client, data, args.steps)
         sync = _sync_latency(client, data, args.syncs, args.concurrency)
+    grpo = _grpo_overhead(args.model, args.grpo_steps) if args.grpo_steps > 1 else None
     print(
         json.dumps(
             {
@@ -155,6 +199,7 @@ def main() -> None:
                 "train": train,
                 "sync": sync,
                 "sync_p50_within_100ms": sync["p50_ms"] <= 100,
+                "grpo_step": grpo,
             }
         )
     )

@@ -13,6 +13,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import asyncio  # noqa: E402
+import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -40,3 +42,151 @@ def tiny_tokenizer(tiny_model_dir: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+class RecordingSampler:
+    """A test-only `TokenSampler` in front of an HFSampler that logs what it served.
+
+    Every request it answers is appended to `served` as (prompt ids, num_samples, params, result),
+    so tests can check the store against what the sampler really consumed and produced. `script`
+    makes it answer prompts whose text contains a marker with fixed ids (scored by the real model),
+    e.g. a tool call the random tiny model would never sample.
+    """
+
+    def __init__(self, inner, tokenizer) -> None:
+        self.inner = inner
+        self.tokenizer = tokenizer
+        self.served: list[tuple[list[int], int, object, object]] = []
+        self._scripts: dict[str, tuple[list[list[int]], int | None]] = {}
+        self._lock = threading.Lock()
+
+    # The TokenSampler surface, delegated.
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    @property
+    def max_context(self) -> int:
+        return self.inner.max_context
+
+    @property
+    def vocab_size(self) -> int:
+        return self.inner.vocab_size
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.inner.max_batch_size
+
+    def script(self, marker: str, token_ids: list[int] | list[list[int]], times: int | None = None) -> None:
+        """Answer prompts whose decoded text contains `marker` with `token_ids` (the next `times` ones, or all).
+
+        A list of id lists gives sample i of a request the ids `token_ids[i % len(token_ids)]`.
+        """
+        scripts = [list(ids) for ids in token_ids] if token_ids and isinstance(token_ids[0], list) else [list(token_ids)]
+        with self._lock:
+            self._scripts[marker] = (scripts, times)
+
+    def served_for(self, prompt_ids: list[int]) -> list[tuple[list[int], int, object, object]]:
+        """The logged requests whose prompt was exactly `prompt_ids`."""
+        with self._lock:
+            return [entry for entry in self.served if entry[0] == list(prompt_ids)]
+
+    def _log(self, prompt_tokens, num_samples, params, result):
+        with self._lock:
+            self.served.append((list(prompt_tokens), num_samples, params, result))
+        return result
+
+    def _scripted(self, prompt_tokens, params, num_samples):
+        from agl_bridge.sampler.base import SampledSequence, SampleResult
+
+        with self._lock:
+            if not self._scripts:
+                return None
+            text = self.tokenizer.decode(list(prompt_tokens), skip_special_tokens=False)
+            chosen = next((marker for marker in self._scripts if marker in text), None)
+            if chosen is None:
+                return None
+            script, times = self._scripts[chosen]
+            if times is not None:
+                if times <= 1:
+                    del self._scripts[chosen]
+                else:
+                    self._scripts[chosen] = (script, times - 1)
+        sequences = []
+        for index in range(num_samples):
+            full = script[index % len(script)]
+            tokens = full[: params.max_tokens] if params.max_tokens else full
+            scores = self.inner.compute_logprobs([*prompt_tokens, *tokens])[len(prompt_tokens) :]
+            reason = "stop" if len(tokens) == len(full) else "length"
+            sequences.append(SampledSequence(list(tokens), list(scores), reason, [self.inner.policy_version] * len(tokens)))
+        return SampleResult(list(prompt_tokens), sequences)
+
+    def sample(self, prompt_tokens, params, num_samples=1):
+        result = self._scripted(prompt_tokens, params, num_samples) or self.inner.sample(prompt_tokens, params, num_samples)
+        return self._log(prompt_tokens, num_samples, params, result)
+
+    async def _scripted_async(self, prompt_tokens, params, num_samples):
+        if not self._scripts:
+            return None
+        return await asyncio.to_thread(self._scripted, prompt_tokens, params, num_samples)
+
+    async def sample_async(self, prompt_tokens, params, num_samples=1):
+        scripted = await self._scripted_async(prompt_tokens, params, num_samples)
+        result = scripted or await self.inner.sample_async(prompt_tokens, params, num_samples)
+        return self._log(prompt_tokens, num_samples, params, result)
+
+    async def sample_stream(self, prompt_tokens, params, num_samples=1):
+        from agl_bridge.sampler.base import SampleResult, TokenEvent
+
+        scripted = await self._scripted_async(prompt_tokens, params, num_samples)
+        if scripted is not None:
+            for index, seq in enumerate(scripted.sequences):
+                for token, logprob, version in zip(seq.tokens, seq.logprobs, seq.token_policy_versions, strict=True):
+                    yield TokenEvent(index, token, logprob, version)
+            yield self._log(prompt_tokens, num_samples, params, scripted)
+            return
+        async for item in self.inner.sample_stream(prompt_tokens, params, num_samples):
+            if isinstance(item, SampleResult):
+                self._log(prompt_tokens, num_samples, params, item)
+            yield item
+
+    def compute_logprobs(self, token_ids):
+        return self.inner.compute_logprobs(token_ids)
+
+    async def compute_logprobs_async(self, token_ids):
+        return await self.inner.compute_logprobs_async(token_ids)
+
+    async def compute_top_logprobs_async(self, token_ids, k, start):
+        return await self.inner.compute_top_logprobs_async(token_ids, k, start)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.fixture(scope="session")
+def proxy_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One running `ProxyServer` on the tiny model ("tiny") for the whole session, started on first use.
+
+    LiteLLM's proxy is a process-wide singleton, so every test shares this server: use distinct
+    rollout ids. `proxy_server.sampler` is a `RecordingSampler` (its `served` log is what the
+    sampler really consumed and produced); `proxy_server.store` is queried with `run_coroutine`.
+    """
+    from agl_bridge.models.loading import load_causal_lm, load_tokenizer
+    from agl_bridge.proxy.server import ProxyServer
+    from agl_bridge.sampler.hf import HFSampler
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    sampler = RecordingSampler(HFSampler(load_causal_lm(tiny_model_dir), tokenizer, seed=0), tokenizer)
+    try:
+        server = ProxyServer(
+            sampler=sampler, tokenizer=tokenizer, store_path=tmp_path_factory.mktemp("proxy") / "store.sqlite", port=0
+        )
+        server.start()
+    except BaseException:
+        sampler.close()
+        raise
+    try:
+        yield server
+    finally:
+        server.stop()
+        sampler.close()

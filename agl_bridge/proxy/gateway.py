@@ -7,7 +7,8 @@ the rollout. Ids are checked here, so a malformed one is a 400 before any work i
 
 Every route but the liveness probe needs the key (`Authorization: Bearer`, `x-api-key` or
 `api-key`); a missing or wrong key is an OpenAI-style 401. LiteLLM's own check would answer 500
-without its database, so the check lives here, for all routes alike.
+without its database, so the check lives here, for all routes alike. A JSON body that is not an
+object is refused here too (400), as LiteLLM would crash on it with a plain-text 500.
 """
 
 from __future__ import annotations
@@ -64,6 +65,16 @@ class Gateway:
         if problem is not None:
             await _send_json(send, 400, error_body(problem[1], param=problem[0], code="invalid_rollout_id"))
             return
+        if scope.get("method") in _BODY_METHODS and _json_or_untyped(headers):
+            # LiteLLM answers a JSON body that is not an object (a list, a string, null) with a
+            # plain-text 500 from its auth layer; such a body can never be a valid request.
+            receive, first = await _peek_first_byte(receive)
+            if first is not None and first != b"{":
+                await _send_json(send, 400, error_body(
+                    "the request body must be a JSON object (e.g. {\"model\": ..., \"messages\": [...]})",
+                    param="request_body", code="invalid_value",
+                ))
+                return
         await self.app(scope, receive, send)
 
     def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
@@ -93,6 +104,43 @@ def _id_problem(headers: list[tuple[bytes, bytes]]) -> tuple[str, str] | None:
     if attempt is not None and rollout is None:
         return semconv.HEADER_ATTEMPT_ID, "an attempt id was given without a rollout id; send both or neither"
     return None
+
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def _json_or_untyped(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether the body is declared JSON or not declared at all (protobuf and form uploads are left alone)."""
+    for name, value in headers:
+        if name == b"content-type":
+            return b"json" in value.lower()
+    return True
+
+
+async def _peek_first_byte(
+    receive: Callable[[], Awaitable[Any]],
+) -> tuple[Callable[[], Awaitable[Any]], bytes | None]:
+    """Read the body up to its first non-blank byte; a `receive` that replays what was read, and that byte."""
+    buffered: list[Any] = []
+    first = None
+    while True:
+        message = await receive()
+        buffered.append(message)
+        if message["type"] != "http.request":
+            break
+        stripped = message.get("body", b"").lstrip(b" \t\r\n")
+        if stripped:
+            first = stripped[:1]
+            break
+        if not message.get("more_body", False):
+            break
+
+    async def replay() -> Any:
+        if buffered:
+            return buffered.pop(0)
+        return await receive()
+
+    return replay, first
 
 
 async def _send_json(send: Callable[[Any], Awaitable[None]], status: int, body: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
 
+from agl_bridge.chat import ChatFormatError, normalize_messages, normalize_tools
 from agl_bridge.proxy.provider import PROVIDER_NAME, route_of
 from agl_bridge.proxy.recording import CallRecorder
 from agl_bridge.types import Usage
@@ -22,13 +23,15 @@ logger = logging.getLogger(__name__)
 
 
 class ModelCheck(CustomLogger):
-    """Refuses a request for a model the proxy does not serve with a 404 naming the `model` field.
+    """Refuses a request for a model the proxy does not serve with a 404 naming the `model` field,
+    and malformed `messages` / `tools` of a chat request to our own models with a 400 naming the field.
 
-    LiteLLM's own refusal is a 400 without `param`; this runs first, on the already parsed body.
+    LiteLLM's own refusals are a 400 without `param` (unknown model) or, for messages that are not
+    objects, a 400 carrying a LiteLLM traceback or a 500; this runs first, on the already parsed body.
     """
 
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> dict:
-        """Pass the request on unchanged if its model is served, else raise the error."""
+        """Pass the request on unchanged if its model is served (and its chat input well formed), else raise."""
         from litellm.proxy import proxy_server
         from litellm.proxy._types import ProxyException
 
@@ -45,7 +48,26 @@ class ModelCheck(CustomLogger):
                 code=404,
                 openai_code="model_not_found",
             )
+        if call_type in _CHAT_CALL_TYPES and "messages" in data and _is_ours(router, model):
+            try:
+                normalize_messages(data["messages"])
+                normalize_tools(data.get("tools"))
+            except ChatFormatError as error:
+                raise ProxyException(
+                    message=str(error), type="invalid_request_error", param=error.param, code=400
+                ) from None
         return data
+
+
+_CHAT_CALL_TYPES = ("acompletion", "completion")
+
+
+def _is_ours(router: Any, model: str) -> bool:
+    """Whether `model` is served by agl_bridge's provider (not a model from the user's LiteLLM config)."""
+    deployments = router.get_model_list(model_name=model) or []
+    return any(
+        str((d.get("litellm_params") or {}).get("model", "")).startswith(f"{PROVIDER_NAME}/") for d in deployments
+    )
 
 
 class TextCallLogger(CustomLogger):

@@ -33,6 +33,7 @@ from agl_bridge.proxy.service import ChatRequest, ChatResult, ChatService, Rollo
 from agl_bridge.proxy.streaming import StreamDelta
 
 PROVIDER_NAME = "agl"
+_SYSTEM_FINGERPRINT = "agl-bridge"
 
 
 class AglProvider(CustomLLM):
@@ -130,6 +131,10 @@ async def _stream_chunks(
             prompt_ids = None
         if usage is not None:
             out.usage = usage
+        if request.return_token_ids:
+            # LiteLLM's proxy writes plain text chunks with a fast serializer that keeps only the
+            # OpenAI fields (dropping token_ids); a chunk with a system_fingerprint takes the full one.
+            out.system_fingerprint = _SYSTEM_FINGERPRINT
         return out
 
     async for item in service.stream(request, route):

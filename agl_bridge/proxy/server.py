@@ -73,7 +73,10 @@ def choose_api_key(host: str, api_key: str | None) -> tuple[str, bool]:
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening socket on (host, port), port 0 picking a free one; a clear error if it is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must say TCP: asyncio sets TCP_NODELAY only on accepted sockets whose proto is
+    # IPPROTO_TCP (and they inherit it from this one). With proto 0, Nagle holds back the response
+    # body (a second small write) until the client's delayed ACK: +40 ms on every response.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

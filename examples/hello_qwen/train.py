@@ -38,7 +38,7 @@ def build_config(args: argparse.Namespace) -> GRPOConfig:
     return GRPOConfig(
         model=args.model,
         run_dir=args.run_dir,
-        steps=args.steps or (3 if quick else 30),
+        steps=args.steps or (3 if quick else 80),
         batch_size=4 if quick else 8,
         group_size=4 if quick else 8,
         learning_rate=args.learning_rate,
@@ -47,8 +47,9 @@ def build_config(args: argparse.Namespace) -> GRPOConfig:
         loss_fn="importance_sampling",
         tis_cap=2.0,
         aggregation="token_mean",
-        eval_every=1 if quick else 5,
-        checkpoint_every=1 if quick else 10,
+        eval_every=1 if quick else 10,
+        eval_group_size=1 if quick else 2,
+        checkpoint_every=1 if quick else 20,
         default_max_tokens=16,
         concurrency=32,
         seed=args.seed,
@@ -61,8 +62,8 @@ def main(argv: list[str] | None = None) -> RunSummary:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="tiny (built offline), a local model directory, or a hub id")
     parser.add_argument("--run-dir", default="runs/hello")
-    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 30, 3 with --quick)")
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 80, 3 with --quick)")
+    parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--warm-start-steps", type=int, default=120)
     parser.add_argument("--no-warm-start", action="store_true", help="RL only (for real instruct models)")
     parser.add_argument("--quick", action="store_true", help="a few small steps, to check the pipeline")
@@ -78,7 +79,33 @@ def main(argv: list[str] | None = None) -> RunSummary:
         eval_tasks=held_out,
         warm_start_pairs=[(prompt_for(n), f"I'm {n}.") for n in train_numbers],
     )
-    return trainer.run(resume=args.resume)
+    summary = trainer.run(resume=args.resume)
+    print_summary(summary)
+    return summary
+
+
+def print_summary(summary: RunSummary) -> None:
+    """The closing table: held-out reward through the phases, steps, wall time, where the files are."""
+    from rich.console import Console
+    from rich.table import Table
+
+    def fmt(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:+.3f}"
+
+    table = Table(title="hello_qwen: held-out reward (numbers never trained on)")
+    table.add_column("phase")
+    table.add_column("held-out reward", justify="right")
+    if summary.warm_start:
+        table.add_row("before the supervised warm start", fmt(summary.warm_start.get("before")))
+    table.add_row("start of RL" + (" (after the warm start)" if summary.warm_start else ""), fmt(summary.eval_start))
+    table.add_row(f"end of RL ({summary.steps} steps)", fmt(summary.eval_end))
+    if summary.eval_start is not None and summary.eval_end is not None:
+        table.add_row("change during RL", fmt(summary.eval_end - summary.eval_start))
+    table.add_row("wall time", f"{summary.wall_time_s / 60:.1f} min")
+    console = Console()
+    console.print(table)
+    run_dir = summary.run_dir
+    console.print(f"metrics: {run_dir / 'metrics.jsonl'} · curve: {run_dir / 'reward_curve.png'} · adapter: {run_dir / 'final_adapter'}")
 
 
 if __name__ == "__main__":
