@@ -38,7 +38,7 @@ def build_config(args: argparse.Namespace) -> GRPOConfig:
     return GRPOConfig(
         model=args.model,
         run_dir=args.run_dir,
-        steps=args.steps or (3 if quick else 80),
+        steps=args.steps or (3 if quick else 100),
         batch_size=4 if quick else 8,
         group_size=4 if quick else 8,
         learning_rate=args.learning_rate,
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> RunSummary:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="tiny (built offline), a local model directory, or a hub id")
     parser.add_argument("--run-dir", default="runs/hello")
-    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 80, 3 with --quick)")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 100, 3 with --quick)")
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--warm-start-steps", type=int, default=120)
     parser.add_argument("--no-warm-start", action="store_true", help="RL only (for real instruct models)")
