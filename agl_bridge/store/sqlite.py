@@ -31,7 +31,7 @@ import re
 import secrets
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -43,7 +43,7 @@ import aiosqlite
 from agl_bridge import __version__
 from agl_bridge.store import sqlite_rollouts
 from agl_bridge.store.base import group_rollout_records
-from agl_bridge.store.codec import decode_float64s, decode_int32s, decode_json, encode_json
+from agl_bridge.store.codec import encode_json
 from agl_bridge.store.errors import RolloutNotFoundError, StoreClosedError, StoreError
 from agl_bridge.store.group_commit import GroupCommitter
 from agl_bridge.store.sqlite_rows import (
@@ -74,7 +74,6 @@ from agl_bridge.types import (
     RolloutRecords,
     RolloutStatus,
     StoredSpan,
-    Usage,
 )
 
 _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
@@ -84,62 +83,6 @@ _SPAN_KEY = _REWARD_KEY
 # The call columns with `messages` not read (NULL): decoding message JSON is a large part of the
 # cost of reading a call, and token-level readers (the converter) never look at it.
 _LLM_CALL_SELECT_NO_MESSAGES = ", ".join("NULL" if c == "messages" else c for c in LLM_CALL_COLUMNS)
-_EMPTY_JSON_LIST = "[]"
-
-
-def _decode_call_without_messages(row: Sequence[Any]) -> LLMCall:
-    """`decode_llm_call` for rows of _LLM_CALL_SELECT_NO_MESSAGES: `messages` is left empty.
-
-    Written out rather than wrapping decode_llm_call so that the usual empty prefix-break list
-    skips the JSON parser too (the converter reads tens of thousands of calls per second).
-    """
-    (
-        rollout_key,
-        attempt_key,
-        sequence,
-        choice_index,
-        kind,
-        model,
-        prompt_ids,
-        response_ids,
-        logprobs,
-        versions,
-        policy_version,
-        _messages,
-        response_text,
-        finish_reason,
-        agent_name,
-        started_at,
-        ended_at,
-        prefix_breaks,
-        span_id,
-        trace_id,
-        input_tokens,
-        output_tokens,
-    ) = row
-    return LLMCall(
-        rollout_id=rollout_key or None,
-        attempt_id=attempt_key or None,
-        sequence=sequence,
-        choice_index=choice_index,
-        kind=kind,
-        model=model,
-        prompt_token_ids=decode_int32s(prompt_ids),
-        response_token_ids=decode_int32s(response_ids),
-        response_logprobs=decode_float64s(logprobs),
-        token_policy_versions=decode_int32s(versions),
-        policy_version=policy_version,
-        messages=[],
-        response_text=response_text,
-        finish_reason=finish_reason,
-        agent_name=agent_name,
-        started_at=started_at,
-        ended_at=ended_at,
-        prefix_breaks=[] if prefix_breaks == _EMPTY_JSON_LIST else decode_json(prefix_breaks),
-        span_id=span_id,
-        trace_id=trace_id,
-        usage=None if input_tokens is None else Usage(input_tokens=input_tokens, output_tokens=output_tokens),
-    )
 
 
 class SQLiteStore:
@@ -490,12 +433,11 @@ class SQLiteStore:
         while this one decodes. Memory: two pages of rows per table plus the current rollout.
         """
         select = LLM_CALL_SELECT if with_messages else _LLM_CALL_SELECT_NO_MESSAGES
-        decode_call = decode_llm_call if with_messages else _decode_call_without_messages
         if rollout_ids is not None:
             if isinstance(rollout_ids, str):
                 raise TypeError(f"rollout_ids must be a collection of ids, not the string {rollout_ids!r}")
             for rollout_id in dict.fromkeys(rollout_ids):
-                yield await self._one_rollout_records(rollout_id, select, decode_call)
+                yield await self._one_rollout_records(rollout_id, select)
             return
         call_pages = self._pages("llm_calls", select, _CALL_KEY, (), attributed_only=True, prefetch=True)
         reward_pages = self._pages("rewards", REWARD_SELECT, _REWARD_KEY, (), attributed_only=True, prefetch=True)
@@ -503,12 +445,12 @@ class SQLiteStore:
             calls, rewards = _RolloutCursor(call_pages), _RolloutCursor(reward_pages)
             async for rollout, attempts in self._rollout_pages():
                 rollout_id = rollout.rollout_id
-                rollout_calls = [decode_call(row) for row in await calls.take(rollout_id)]
+                rollout_calls = [decode_llm_call(row) for row in await calls.take(rollout_id)]
                 rollout_rewards = [decode_reward(row) for row in await rewards.take(rollout_id)]
                 yield group_rollout_records(rollout, attempts, rollout_calls, rollout_rewards)
 
     async def _one_rollout_records(
-        self, rollout_id: str, call_select: str, decode_call: Callable[[Sequence[Any]], LLMCall]
+        self, rollout_id: str, call_select: str
     ) -> RolloutRecords:
         rollout = await self.get_rollout(rollout_id)
         if rollout is None:
@@ -516,7 +458,7 @@ class SQLiteStore:
         attempts = await self.list_attempts(rollout_id)
         fixed = (rollout_id,)
         calls = [
-            decode_call(row)
+            decode_llm_call(row)
             async for row in self._stream("llm_calls", call_select, _CALL_KEY, fixed, attributed_only=True)
         ]
         rewards = [

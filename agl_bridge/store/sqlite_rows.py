@@ -147,8 +147,15 @@ def encode_llm_call_rest(call: LLMCall) -> tuple[Any, ...]:
     )
 
 
+_EMPTY_JSON_LIST = "[]"
+
+
 def decode_llm_call(row: Sequence[Any]) -> LLMCall:
-    """Build an LLMCall from a row selected with LLM_CALL_SELECT."""
+    """Build an LLMCall from a row selected with LLM_CALL_SELECT (messages NULL: left empty).
+
+    The common empty lists skip the JSON parser: the converter decodes tens of thousands of calls
+    per second.
+    """
     (
         rollout_key,
         attempt_key,
@@ -185,13 +192,13 @@ def decode_llm_call(row: Sequence[Any]) -> LLMCall:
         response_logprobs=decode_float64s(logprobs),
         token_policy_versions=decode_int32s(versions),
         policy_version=policy_version,
-        messages=decode_json(messages),
+        messages=[] if messages is None else decode_json(messages),
         response_text=response_text,
         finish_reason=finish_reason,
         agent_name=agent_name,
         started_at=started_at,
         ended_at=ended_at,
-        prefix_breaks=decode_json(prefix_breaks),
+        prefix_breaks=[] if prefix_breaks == _EMPTY_JSON_LIST else decode_json(prefix_breaks),
         span_id=span_id,
         trace_id=trace_id,
         usage=None if input_tokens is None else Usage(input_tokens=input_tokens, output_tokens=output_tokens),

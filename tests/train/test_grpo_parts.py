@@ -10,7 +10,7 @@ import pytest
 
 from agl_bridge.convert import SegmentCall, Trajectory, TrajectorySegment
 from agl_bridge.train.advantages import datums_for, group_advantages
-from agl_bridge.train.config import ConfigError, GRPOConfig, config_from_dict, load_config
+from agl_bridge.train.config import ConfigError, config_from_dict, load_config
 from agl_bridge.train.grpo import TaskSchedule, load_agent, sft_datum
 
 
