@@ -44,6 +44,7 @@ class GRPOConfig:
     agent: str | list[str] = ""
     tasks: str = ""
     eval_tasks: str | None = None
+    offline_data: str | None = None
     model: str = "tiny"
     run_dir: str = "runs/grpo"
     steps: int = 10
@@ -126,7 +127,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GR
         raise ConfigError(f"{path} must hold a mapping of settings")
     config = config_from_dict({**raw, **(overrides or {})}, where=str(path))
     base = path.resolve().parent
-    for name in ("tasks", "eval_tasks"):
+    for name in ("tasks", "eval_tasks", "offline_data"):
         value = getattr(config, name)
         if value and not Path(value).is_absolute():
             setattr(config, name, str(base / value))

@@ -118,17 +118,21 @@ class GRPOTrainer:
         log: RunLog | None = None,
     ) -> None:
         config.validate()
+        self.config = config
+        self.run_dir = Path(config.run_dir)
+        self._log = log
+        if config.offline_data:
+            if not Path(config.offline_data).is_file():
+                raise ConfigError(f"offline_data {config.offline_data} does not exist; give a store (.sqlite) or trajectories (.jsonl/.parquet)")
+            return
         if agent is None and not config.agent:
             raise ConfigError("agent is required: 'path/to/agent.py:function', 'package.module:function', or a command list")
         if tasks is None and not config.tasks:
             raise ConfigError("tasks is required: a .jsonl or .csv task file")
-        self.config = config
         self.agent = agent if agent is not None else load_agent(config.agent)
         self.tasks = list(tasks) if tasks is not None else load_tasks(config.tasks)
         self.eval_tasks = list(eval_tasks) if eval_tasks is not None else (load_tasks(config.eval_tasks) if config.eval_tasks else [])
         self.warm_start_pairs = list(warm_start_pairs) if warm_start_pairs is not None else self._load_pairs()
-        self.run_dir = Path(config.run_dir)
-        self._log = log
         self.schedule = TaskSchedule(self.tasks, config.batch_size, config.seed)
 
     # ------------------------------------------------------------------ entry point
@@ -141,6 +145,12 @@ class GRPOTrainer:
             self.run_dir, tensorboard=self.config.tensorboard, wandb_project=self.config.wandb_project, config=config_to_dict(self.config)
         )
         started = time.monotonic()
+        if self.config.offline_data:
+            try:
+                return self._run_offline(log, resume, started)
+            finally:
+                if self._log is None:
+                    log.close()
         model_path = resolve_model_path(self.config.model)
         tokenizer = load_tokenizer(model_path)
         sampler = HFSampler(load_causal_lm(model_path), tokenizer, seed=self.config.seed, max_batch_size=max(64, self.config.concurrency))
@@ -176,6 +186,47 @@ class GRPOTrainer:
         except ValueError:
             pass
         return summary
+
+    def _run_offline(self, log: RunLog, resume: bool, started: float) -> RunSummary:
+        """GRPO steps over recorded trajectories (a store or an export) without running any agent.
+
+        Groups (rollouts of one task in one step, by group id) are taken `batch_size` per step in a
+        seeded order; the data's sampler logprobs come from older policies, which the truncated
+        importance sampling corrects.
+        """
+        groups = asyncio.run(offline_groups(self.config.offline_data))
+        if not groups:
+            raise ConfigError(f"{self.config.offline_data} holds no trainable trajectories")
+        schedule = TaskSchedule(groups, self.config.batch_size, self.config.seed)
+        client = TrainingClient(
+            resolve_model_path(self.config.model),
+            lora_rank=self.config.lora_rank,
+            lora_alpha=self.config.lora_alpha,
+            train_unembedding=self.config.train_unembedding,
+            seed=self.config.seed,
+        )
+        try:
+            state = self._resume_state(client, log, sync=False) if resume else None
+            log.say(f"offline GRPO on {sum(map(len, groups))} trajectories in {len(groups)} groups from {self.config.offline_data}")
+            start = 0 if state is None else int(state["next_step"])
+            for step in range(start, self.config.steps):
+                began = time.perf_counter()
+                members = [t for group in schedule.for_step(step) for t in group]
+                batch = group_advantages(members, std_scaling=self.config.advantage_std_scaling)
+                datums = datums_for(batch.items, self.config.aggregation) if batch.items else []
+                metrics = asyncio.run(self._train_on(client, datums))
+                record = {"phase": "train", "step": step + 1, "offline": True, **_reward_stats(members),
+                          "trajectories": len(members), "groups": batch.groups,
+                          "groups_zero_variance": batch.groups_dropped_zero_variance, "datums": len(datums), **metrics,
+                          "time_step_s": round(time.perf_counter() - began, 4)}
+                log.write(record)
+                log.say(f"offline step {step + 1}: reward {_fmt(record.get('reward_mean'))} · loss {record.get('loss', float('nan')):.4f}")
+                if (step + 1) % self.config.checkpoint_every == 0 or step + 1 == self.config.steps:
+                    self._checkpoint(client, step + 1, None, log)
+            client.save_weights_for_sampler(self.run_dir / "final_adapter")
+        finally:
+            client.close()
+        return RunSummary(self.run_dir, self.config.steps, time.monotonic() - started, None, None)
 
     # ------------------------------------------------------------------ the loop
 
@@ -373,7 +424,7 @@ class GRPOTrainer:
         (path / LOOP_STATE).write_text(json.dumps({"next_step": next_step, "eval_start": eval_start, "seed": self.config.seed}))
         log.say(f"checkpoint {path}")
 
-    def _resume_state(self, client: TrainingClient, log: RunLog) -> dict[str, Any] | None:
+    def _resume_state(self, client: TrainingClient, log: RunLog, *, sync: bool = True) -> dict[str, Any] | None:
         candidates = sorted((self.run_dir / CHECKPOINTS).glob(f"step_*/{LOOP_STATE}"))
         if not candidates:
             log.say(f"no checkpoint in {self.run_dir / CHECKPOINTS}; starting from scratch")
@@ -384,7 +435,8 @@ class GRPOTrainer:
             raise ConfigError(f"{state_file.parent} was written with seed {state.get('seed')}, the config has {self.config.seed}; "
                               "resuming with another seed would change which tasks each step takes")
         client.load_state(state_file.parent)
-        client.save_weights_and_get_sampling_client()
+        if sync:
+            client.save_weights_and_get_sampling_client()
         log.say(f"resumed from {state_file.parent}: next step {state['next_step'] + 1}")
         return state
 
@@ -398,6 +450,18 @@ class GRPOTrainer:
                 raise ConfigError(f"{data}, record {index}: expected {{\"prompt\": ..., \"response\": ...}}")
             pairs.append((record["prompt"], str(record["response"])))
         return pairs
+
+
+async def offline_groups(path: str) -> list[list[Trajectory]]:
+    """The GRPO groups of recorded trajectories: from a store (converted now) or an exported file."""
+    from agl_bridge.convert import group_trajectories, iter_trajectories
+
+    if Path(path).suffix in (".sqlite", ".db", ".sqlite3"):
+        async with SQLiteStore(path) as store:
+            trajectories = [t async for t in convert_store(store)]
+    else:
+        trajectories = list(iter_trajectories(path))
+    return list(group_trajectories(trajectories).values())
 
 
 def sft_datum(codec: ChatCodec, prompt: Any, response: str) -> Datum:

@@ -108,3 +108,23 @@ def test_bad_config_is_one_clear_line(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "unknown key 'stepz'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_offline_training_from_a_store_and_from_an_export(tmp_path: Path) -> None:
+    online = _write_run(tmp_path, steps=2, eval_every=100, checkpoint_every=100, batch_size=3, group_size=3)
+    _train(online)
+    store = tmp_path / "run" / "store.sqlite"
+    exported = tmp_path / "trajectories.jsonl"
+    subprocess.run(
+        [sys.executable, "-m", "agl_bridge.cli", "export", "--store", str(store), "--what", "trajectories", "--out", str(exported)],
+        check=True, capture_output=True, timeout=120,
+    )
+    for name, source in (("from_store", store), ("from_export", exported)):
+        config = tmp_path / f"{name}.json"
+        config.write_text(json.dumps({"offline_data": str(source), "run_dir": str(tmp_path / name), "steps": 2,
+                                      "batch_size": 2, "tensorboard": False, "learning_rate": 1e-3}))
+        _train(config)
+        records = _train_records(tmp_path / name)
+        assert [r["step"] for r in records] == [1, 2] and all(r["offline"] for r in records)
+        assert all(r["trajectories"] == 6 for r in records), "two groups of three rollouts per step"
+        assert (tmp_path / name / "final_adapter" / "adapter_config.json").is_file()
