@@ -232,11 +232,13 @@ def train_command(
     from agl_bridge.train.config import ConfigError, load_config
     from agl_bridge.train.grpo import GRPOTrainer
 
+    from agl_bridge.train.checkpoint import CheckpointMismatchError
+
     try:
         trainer = GRPOTrainer(load_config(config))
-    except (ConfigError, TaskFileError) as exc:
+        summary = trainer.run(resume=resume)
+    except (ConfigError, TaskFileError, CheckpointMismatchError) as exc:
         _fail(str(exc))
-    summary = trainer.run(resume=resume)
     typer.echo(f"done: {summary.steps} steps in {summary.wall_time_s:.0f}s; held-out reward {summary.eval_start} → {summary.eval_end}; see {summary.run_dir}")
 
 

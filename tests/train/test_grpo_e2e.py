@@ -110,10 +110,26 @@ def test_bad_config_is_one_clear_line(tmp_path: Path) -> None:
     assert "unknown key 'stepz'" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_resume_with_another_model_is_refused_clearly(tmp_path: Path) -> None:
+    config = _write_run(tmp_path, steps=1, checkpoint_every=1, eval_every=100, batch_size=2, group_size=2)
+    _train(config)
+    config.write_text(json.dumps({**json.loads(config.read_text()), "steps": 2, "lora_rank": 8}))
+    result = subprocess.run([sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config), "--resume"],
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "does not match" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_offline_training_from_a_store_and_from_an_export(tmp_path: Path) -> None:
-    online = _write_run(tmp_path, steps=2, eval_every=100, checkpoint_every=100, batch_size=3, group_size=3)
+    online = _write_run(tmp_path, steps=2, eval_every=100, checkpoint_every=100, batch_size=3, group_size=3, max_staleness=1)
     _train(online)
     store = tmp_path / "run" / "store.sqlite"
+    with sqlite3.connect(store) as db:
+        step_two_started = db.execute("SELECT MIN(created_at) FROM rollouts WHERE group_id LIKE 's1-%'").fetchone()[0]
+        step_one_ended = db.execute(
+            "SELECT MAX(a.ended_at) FROM attempts a JOIN rollouts r USING (rollout_id) WHERE r.group_id LIKE 's0-%'"
+        ).fetchone()[0]
+    assert step_two_started < step_one_ended, "with max_staleness=1, step 2 is sampled while step 1 is still running"
     exported = tmp_path / "trajectories.jsonl"
     subprocess.run(
         [sys.executable, "-m", "agl_bridge.cli", "export", "--store", str(store), "--what", "trajectories", "--out", str(exported)],
