@@ -42,6 +42,7 @@ from agl_bridge.train.plot import plot_run
 from agl_bridge.train.run_log import RunLog
 
 CHECKPOINTS = "checkpoints"
+_TRAIN_KEYS = ("loss", "grad_norm", "lr", "ratio_mean", "logprob_diff_abs_mean", "logprob_diff_abs_max", "entropy_mean")
 LOOP_STATE = "grpo_state.json"
 
 
@@ -220,7 +221,7 @@ class GRPOTrainer:
                           "groups_zero_variance": batch.groups_dropped_zero_variance, "datums": len(datums), **metrics,
                           "time_step_s": round(time.perf_counter() - began, 4)}
                 log.write(record)
-                log.say(f"offline step {step + 1}: reward {_fmt(record.get('reward_mean'))} · loss {record.get('loss', float('nan')):.4f}")
+                log.say(f"offline step {step + 1}: reward {_fmt(record.get('reward_mean'))} · loss {record.get('loss')}")
                 if (step + 1) % self.config.checkpoint_every == 0 or step + 1 == self.config.steps:
                     self._checkpoint(client, step + 1, None, log)
             client.save_weights_for_sampler(self.run_dir / "final_adapter")
@@ -321,8 +322,8 @@ class GRPOTrainer:
 
     async def _train_on(self, client: TrainingClient, datums: list[Datum]) -> dict[str, Any]:
         """forward_backward over micro-batches, then one optim_step; metrics plus the compute time."""
-        if not datums:
-            return {"trained_tokens": 0, "time_forward_backward_s": 0.0}
+        if not datums:  # every group had equal returns: nothing to learn, the record keeps its keys
+            return {key: None for key in _TRAIN_KEYS} | {"trained_tokens": 0, "time_forward_backward_s": 0.0}
         config = self.config
         loss_config: dict[str, Any] = {"kl_coef": config.kl_coef}
         if config.loss_fn == "importance_sampling" and config.tis_cap is not None:
@@ -502,8 +503,9 @@ def _fmt(value: float | None) -> str:
 
 
 def _step_line(record: dict[str, Any]) -> str:
+    loss, gap = record.get("loss"), record.get("logprob_diff_abs_mean")
+    trained = "nothing to train (equal returns in every group)" if loss is None else f"loss {loss:.4f} · |Δlogprob| {gap:.2e}"
     return (
-        f"step {record['step']}: reward {_fmt(record.get('reward_mean'))} · loss {record.get('loss', float('nan')):.4f} · "
-        f"|Δlogprob| {record.get('logprob_diff_abs_mean', float('nan')):.2e} · v{record['policy_version']} · "
+        f"step {record['step']}: reward {_fmt(record.get('reward_mean'))} · {trained} · v{record['policy_version']} · "
         f"{record['time_step_s']:.1f}s (sample {record['time_sample_s']:.1f}s, train {record['time_train_s']:.1f}s)"
     )

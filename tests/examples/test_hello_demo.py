@@ -36,9 +36,10 @@ def test_quick_demo_writes_metrics_curve_adapter_and_summary(tmp_path: Path) -> 
     assert [r["step"] for r in train] == [1, 2, 3]
     for record in train:
         assert TRAIN_KEYS <= record.keys(), TRAIN_KEYS - record.keys()
-        assert -1.0 <= record["reward_mean"] <= 1.0
-        assert record["rollouts"] == 16 and record["logprob_diff_abs_mean"] < 1e-3
-        assert all(math.isfinite(record[k]) for k in ("loss", "grad_norm", "overhead_share") if record[k] is not None)
+        assert -1.0 <= record["reward_mean"] <= 1.0 and record["rollouts"] == 16
+        if record["datums"]:  # a step whose groups all had equal returns trains nothing (loss etc. null)
+            assert record["logprob_diff_abs_mean"] < 1e-3
+            assert all(math.isfinite(record[k]) for k in ("loss", "grad_norm", "overhead_share"))
     stages = [r.get("stage") for r in evals]
     assert stages[0] == "before_warm_start" and stages.count("rl") == 4  # after the warm start, then every step
     assert all(r["eval_rollouts"] == 40 for r in evals)

@@ -68,14 +68,14 @@ def _train_records(run_dir: Path) -> list[dict]:
 
 
 def test_toy_reward_goes_up_within_two_minutes(tmp_path: Path) -> None:
-    config = _write_run(tmp_path, steps=15, eval_every=100, checkpoint_every=100, learning_rate=1e-2)
+    config = _write_run(tmp_path, steps=30, eval_every=100, checkpoint_every=100, learning_rate=1e-2)
     started = time.monotonic()
     _train(config)
     elapsed = time.monotonic() - started
     records = _train_records(tmp_path / "run")
     rewards = [r["reward_mean"] for r in records]
-    assert [r["step"] for r in records] == list(range(1, 16))
-    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 1.0, rewards
+    assert [r["step"] for r in records] == list(range(1, 31))
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.5, rewards
     assert elapsed < 120, f"took {elapsed:.0f}s"
     first = records[0]
     assert abs(first["ratio_mean"] - 1.0) < 1e-3, "the first on-policy step sees ratio 1"
