@@ -18,8 +18,7 @@ def _chat(server: Any, rollout_id: str, **kwargs: Any) -> Any:
         api_key=server.api_key,
         max_retries=0,
         timeout=60,
-        seed=7,  # fixed draws: the random model cannot end a turn with <|endoftext|> by chance here
-        **kwargs,
+        **{"seed": 7, **kwargs},  # fixed draws: the random model cannot end a turn with <|endoftext|> by chance
     )
 
 
