@@ -146,16 +146,16 @@ class ChatService:
                 '{"type": "function", "function": {"name": ...}}, got ' + repr(tool_choice),
                 "tool_choice",
             )
-        n = _int_field(body, "n", 1, minimum=1)
+        n = _int_field("n", _or_default(body, "n", 1), minimum=1)
         if n > self.max_samples_per_request:
             raise RequestError(f"n must be at most {self.max_samples_per_request}, got {n}", "n")
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        max_tokens = self.default_max_tokens if max_tokens is None else _int_field(body, "max_tokens", None, minimum=1, value=max_tokens)
+        max_tokens = self.default_max_tokens if max_tokens is None else _int_field("max_tokens", max_tokens, minimum=1)
         stop_strings = _stop_strings(body.get("stop"))
         logprobs = body.get("logprobs") or False
         if not isinstance(logprobs, bool):
             raise RequestError(f"logprobs must be true or false, got {logprobs!r}", "logprobs")
-        top_logprobs = _int_field(body, "top_logprobs", 0, minimum=0)
+        top_logprobs = _int_field("top_logprobs", _or_default(body, "top_logprobs", 0), minimum=0)
         if top_logprobs > MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {top_logprobs}", "top_logprobs")
         if top_logprobs and not logprobs:
@@ -167,7 +167,7 @@ class ChatService:
             max_tokens=max_tokens,
             temperature=_number_field(body, "temperature", 1.0),
             top_p=_number_field(body, "top_p", 1.0),
-            top_k=_int_field(body, "top_k", -1, minimum=-1),
+            top_k=_int_field("top_k", _or_default(body, "top_k", -1), minimum=-1),
             stop=[*self.codec.stop_token_ids, *stop_strings],
             seed=body.get("seed"),
         )
@@ -290,10 +290,13 @@ def _is_named_tool_choice(value: object) -> bool:
     )
 
 
-def _int_field(body: Mapping[str, Any], name: str, default: int | None, *, minimum: int, value: object = None) -> int:
-    value = body.get(name, default) if value is None else value
-    if value is None:
-        value = default
+def _or_default(body: Mapping[str, Any], name: str, default: object) -> object:
+    """The field's value, or `default` when it is absent or null (as OpenAI clients send it)."""
+    value = body.get(name)
+    return default if value is None else value
+
+
+def _int_field(name: str, value: object, *, minimum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise RequestError(f"{name} must be an integer >= {minimum}, got {value!r}", name)
     return value
