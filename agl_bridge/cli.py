@@ -180,21 +180,45 @@ def serve_command(
     served_model_name: str | None = typer.Option(None, help="Model name clients ask for (default: tiny, or the model directory's name)."),
     default_max_tokens: int = typer.Option(1024, min=1, help="max_tokens for requests that do not set it."),
     max_batch_size: int = typer.Option(64, min=1, help="Most sequences the sampler decodes together."),
+    sampler_kind: str = typer.Option("hf", "--sampler", metavar="hf|remote|vllm", help="hf: transformers in this process; remote: vLLM-protocol servers (--sampler-url); vllm: an in-process vLLM engine (GPU)."),
+    sampler_url: list[str] = typer.Option([], "--sampler-url", metavar="URL[,URL...]", help="Servers a remote sampler calls (vLLM or agl-bridge serve); repeat or comma-separate for several."),
+    sampler_api_key: str | None = typer.Option(None, "--sampler-api-key", envvar="AGL_SAMPLER_API_KEY", help="Key the remote servers require."),
+    sampler_model: str | None = typer.Option(None, "--sampler-model", metavar="NAME", help="Name the remote servers serve the base model under (default: the served model name)."),
+    sampler_timeout: float = typer.Option(600.0, "--sampler-timeout", metavar="SECONDS", help="Longest wait for one remote answer before that server counts as failed."),
 ) -> None:
     """Serve the model behind the LiteLLM proxy, recording every call with exact token ids."""
-    from agl_bridge.models.loading import ModelNotFoundError, load_causal_lm, load_tokenizer, resolve_model_path
-    from agl_bridge.proxy.server import ProxyServer, ProxyStartError
-    from agl_bridge.sampler.hf import HFSampler
+    from agl_bridge.models.loading import ModelNotFoundError, load_tokenizer, resolve_model_path
+    from agl_bridge.proxy.server import ProxyServer, ProxyStartError, bind_socket, choose_api_key
+    from agl_bridge.proxy.server import litellm_config as litellm_config_dict
+    from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError, build_sampler, split_urls
     from agl_bridge.store.errors import StoreError
 
     name = served_model_name or ("tiny" if model.startswith("tiny") else Path(model.rstrip("/")).name)
+    spec = SamplerSpec(
+        kind=sampler_kind, urls=split_urls(sampler_url), api_key=sampler_api_key, remote_model=sampler_model,
+        timeout_s=sampler_timeout, max_batch_size=max_batch_size,
+    )
+    try:
+        spec.validate()
+    except SamplerSpecError as exc:
+        flags = {"sampler": "--sampler", "sampler_urls": "--sampler-url", "sampler_timeout_s": "--sampler-timeout"}
+        _fail(f"{flags.get(exc.field, exc.field)}: {exc}")
     _check_writable_store(store)
+    try:  # refuse a public bind without a key, a taken port or a bad LiteLLM config before the (slow) model load
+        choose_api_key(host, api_key)
+        bind_socket(host, port).close()
+        if litellm_config is not None:
+            litellm_config_dict([name], "check", litellm_config)
+    except ProxyStartError as exc:
+        _fail(str(exc))
     try:
         path = resolve_model_path(model)
         tokenizer = load_tokenizer(path)
-        sampler = HFSampler(load_causal_lm(path), tokenizer, max_batch_size=max_batch_size)
+        sampler = build_sampler(spec, path, tokenizer, served_name=name)
     except (ModelNotFoundError, OSError) as exc:
         _fail(f"cannot load model {model!r}: {exc}")
+    except ImportError as exc:  # --sampler vllm without vLLM or without a GPU: the message says what to install
+        _fail(str(exc))
     try:
         server = ProxyServer(
             sampler=sampler, tokenizer=tokenizer, store_path=store, model_name=name, host=host, port=port,
@@ -206,6 +230,8 @@ def serve_command(
 
     def announce(ready: ProxyServer) -> None:
         typer.echo(f"agl-bridge is serving {name!r} ({path}) at {ready.openai_base_url()}", err=True)
+        if spec.kind == "remote":
+            typer.echo(f"  sampling on {', '.join(spec.urls)} as {spec.remote_model or name!r}", err=True)
         typer.echo(f"  key: {ready.api_key}" + ("  (generated; pass --api-key to choose one)" if ready.generated_key else ""), err=True)
         typer.echo(f"  per rollout: {ready.openai_base_url('ROLLOUT_ID', 'ATTEMPT_ID')}", err=True)
         typer.echo(f"  recording into {store.resolve()}; Ctrl-C stops", err=True)

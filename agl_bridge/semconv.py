@@ -181,5 +181,8 @@ ENV_API_KEY: Final = "AGL_API_KEY"
 ENV_OPENAI_API_KEY: Final = "OPENAI_API_KEY"
 """The OpenAI SDK's key variable; the agent already sends it to the proxy, so spans reuse it."""
 
+ENV_SAMPLER_API_KEY: Final = "AGL_SAMPLER_API_KEY"
+"""Key a remote sampler sends to its vLLM / agl-bridge servers (`--sampler-api-key` wins over it)."""
+
 ENV_REWARD_TIMEOUT_S: Final = "AGL_REWARD_TIMEOUT_S"
 """Seconds `emit_reward` may spend delivering one reward (retries included); default 10."""

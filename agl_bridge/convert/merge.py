@@ -7,7 +7,8 @@ tokens are sampled tokens with mask 1. Otherwise the call starts a new segment h
 prompt (mask 0) and response, and the segment records why (`SplitKind` + a sentence).
 
 Token fidelity: segments are made of the stored prompt and response ids only, never re-tokenized
-text, so the merged ids are the ids the sampler consumed and produced.
+text, so the merged ids are the ids the sampler consumed and produced. Ids are compared and joined
+as int32 arrays (C-level compares and copies); a segment's lists are made once, when it is built.
 
 Beyond the cookbook's strictly consecutive rule:
   - A call may continue any earlier segment of the attempt, not only the last one: the most
@@ -26,6 +27,7 @@ Beyond the cookbook's strictly consecutive rule:
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,26 +45,25 @@ class _Open:
         self.model = call.model
         self.split = split
         self.reason = reason
-        self.input_ids: list[int] = list(call.prompt_token_ids)
+        self.input_ids: array[int] = array("i", call.prompt_token_ids)
         self.calls: list[SegmentCall] = []
         self.placed: list[LLMCall] = []  # the stored calls behind `calls`, for their logprobs and versions
         self.last_sequence = call.sequence
 
-    def extends(self, call: LLMCall) -> bool:
-        """Whether `call`'s prompt is this segment's tokens followed by zero or more tokens."""
+    def extends(self, prompt: array[int]) -> bool:
+        """Whether `prompt` is this segment's tokens followed by zero or more tokens."""
         ids = self.input_ids
-        prompt = call.prompt_token_ids
         n = len(ids)
         # The length and last-token checks reject most non-matches without copying a slice.
         return len(prompt) >= n and prompt[n - 1] == ids[-1] and prompt[:n] == ids
 
-    def append(self, call: LLMCall, rewards: dict[str, float]) -> None:
+    def append(self, call: LLMCall, prompt: array[int], rewards: dict[str, float]) -> None:
         """Add `call`'s observation tokens (its prompt beyond the segment) and its sampled tokens."""
         ids = self.input_ids
-        if len(call.prompt_token_ids) > len(ids):
-            ids += call.prompt_token_ids[len(ids) :]
+        if len(prompt) > len(ids):
+            ids.extend(prompt[len(ids) :])
         start = len(ids)
-        ids += call.response_token_ids
+        ids.extend(call.response_token_ids)
         self.calls.append(
             SegmentCall(
                 sequence=call.sequence,  # type: ignore[arg-type]  # checked by convert_attempt
@@ -93,7 +94,7 @@ class _Open:
             elif call.policy_version is not None:
                 versions[start:end] = [call.policy_version] * (end - start)
         return TrajectorySegment(
-            input_ids=self.input_ids,
+            input_ids=self.input_ids.tolist(),
             loss_mask=loss_mask,
             sampler_logprobs=logprobs,
             policy_versions=versions,
@@ -119,6 +120,7 @@ def merge_calls(
     for call in calls:
         attributed = rewards_by_call.get((call.sequence, call.choice_index))  # type: ignore[arg-type]
         rewards = {} if attributed is None else dict(attributed)
+        prompt = _as_array(call.prompt_token_ids)
         if call.sequence == previous_sequence:
             branch = _Open(
                 call,
@@ -126,14 +128,14 @@ def merge_calls(
                 f"choice {call.choice_index} of the n-choice request at sequence {call.sequence}: only the "
                 "first choice continues its conversation in place; each other choice is its own branch",
             )
-            branch.append(call, rewards)
+            branch.append(call, prompt, rewards)
             segments.append(branch)
             recent.insert(len(recent) - 1, branch)
             continue
         previous_sequence = call.sequence
         target = None
         for candidate in reversed(recent):
-            if candidate.model == call.model and candidate.extends(call):
+            if candidate.model == call.model and candidate.extends(prompt):
                 target = candidate
                 break
         if target is None:
@@ -142,7 +144,7 @@ def merge_calls(
             segments.append(target)
         else:
             recent.remove(target)
-        target.append(call, rewards)
+        target.append(call, prompt, rewards)
         recent.append(target)
     return [segment.build() for segment in segments]
 
@@ -150,7 +152,7 @@ def merge_calls(
 def explain_split(previous: _Open, call: LLMCall) -> tuple[SplitKind, str]:
     """Why `call` does not continue `previous` (the most recently continued segment)."""
     where = f"the call at sequence {call.sequence}"
-    if previous.extends(call):
+    if previous.extends(_as_array(call.prompt_token_ids)):
         return SplitKind.MODEL_CHANGED, (
             f"{where} was made by model {call.model!r}, the previous segment by {previous.model!r}; "
             "a segment holds one model's samples"
@@ -173,6 +175,11 @@ def explain_split(previous: _Open, call: LLMCall) -> tuple[SplitKind, str]:
         recorded = "; ".join(_describe_break(item) for item in call.prefix_breaks)
         return SplitKind.PREFIX_BREAK, f"{detail}; the proxy recorded: {recorded}"
     return SplitKind.NOT_EXTENDING, detail
+
+
+def _as_array(ids: Sequence[int]) -> array[int]:
+    """Token ids as an int32 array (the store's token-only reads already are: no copy then)."""
+    return ids if isinstance(ids, array) else array("i", ids)
 
 
 def _describe_break(item: Any) -> str:

@@ -1,6 +1,6 @@
 """`convert_store`: stream a store's rollouts into trajectories, one rollout in memory at a time.
 
-The store walks rollouts in one pass (`Store.iter_rollout_records`, messages left unread: only
+The store walks rollouts in one pass (`Store.iter_rollout_records(tokens_only=True)`: only
 tokens train); each attempt goes through `convert_attempt`, and every attempt, call and reward
 seen is counted in a `ConversionReport`. Which attempts train:
   - an attempt trains only if it succeeded AND its rollout is final: while a rollout is queued or
@@ -114,7 +114,7 @@ async def convert_store(
     MissingRewardError under `missing_reward="error"`.
     """
     report = ConversionReport() if report is None else report
-    async with closing_stream(store.iter_rollout_records(rollout_ids, with_messages=False)) as stream:
+    async with closing_stream(store.iter_rollout_records(rollout_ids, tokens_only=True)) as stream:
         async for records in stream:
             for trajectory in convert_rollout(records, options, report):
                 yield trajectory

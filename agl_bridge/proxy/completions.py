@@ -3,12 +3,14 @@
 LiteLLM's own completions route cannot take a token-id prompt, so this route sits in front of it.
 It is the token-level protocol remote samplers speak: `prompt` is a list of ids (or text, or a
 list of either), and with `"return_token_ids": true` each choice carries `prompt_token_ids` and
-`token_ids`. vLLM extensions `top_k`, `stop_token_ids` and `ignore_eos` are accepted. Every choice
-is recorded like a chat call, with no messages.
+`token_ids`. vLLM extensions `top_k`, `stop_token_ids`, `ignore_eos` and `prompt_logprobs` (each
+prompt token's raw logprob, as vLLM answers it) are accepted. Every choice is recorded like a chat
+call, with no messages. `model` may also name a LoRA adapter loaded with `/v1/load_lora_adapter`.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Callable
@@ -20,6 +22,8 @@ from fastapi.responses import JSONResponse
 from agl_bridge.proxy.errors import RequestError, error_body
 from agl_bridge.proxy.service import ChatService, route_of_headers
 from agl_bridge.sampler.base import ContextLengthError, SamplingParamError, SamplingParams
+from agl_bridge.sampler.remote_errors import RemoteSamplerError
+from agl_bridge.store.errors import StoreError
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for this endpoint
 
@@ -40,6 +44,10 @@ def make_completions_router(service_for: Callable[[str], ChatService]) -> APIRou
             return JSONResponse(await _complete(service, body, route_of_headers(request.headers)))
         except RequestError as error:
             return _error(error)
+        except RemoteSamplerError as error:  # this server samples remotely and no remote server could
+            return _error(RequestError(str(error), None, code="sampler_unavailable", status=503))
+        except StoreError as error:  # not recorded, so not served: the caller retries once the store is writable
+            return _error(RequestError(f"the call was not served because it could not be recorded: {error}", None, code="store_unavailable", status=503))
 
     for path in ("/v1/completions", "/completions"):
         router.add_api_route(path, completions, methods=["POST"], include_in_schema=True)
@@ -56,6 +64,9 @@ async def _complete(service: ChatService, body: dict[str, Any], route: Any) -> d
     want_logprobs = body.get("logprobs")
     if want_logprobs is not None and (not isinstance(want_logprobs, int) or isinstance(want_logprobs, bool) or want_logprobs < 0):
         raise RequestError(f"logprobs must be a non-negative integer or null, got {want_logprobs!r}", "logprobs")
+    prompt_logprobs = body.get("prompt_logprobs")
+    if prompt_logprobs is not None and (not isinstance(prompt_logprobs, int) or isinstance(prompt_logprobs, bool) or prompt_logprobs < 0):
+        raise RequestError(f"prompt_logprobs must be a non-negative integer or null, got {prompt_logprobs!r}", "prompt_logprobs")
     return_ids = bool(body.get("return_token_ids", False))
     tokenizer = service.codec.tokenizer
     choices, prompt_total, completion_total = [], 0, 0
@@ -68,6 +79,7 @@ async def _complete(service: ChatService, body: dict[str, Any], route: Any) -> d
             route, model=service.model_name, prompt_token_ids=prompt_ids, sampled=sampled, started=started, tokenizer=tokenizer
         )
         prompt_total += len(prompt_ids)
+        scored = None if prompt_logprobs is None else await _prompt_logprobs(service, prompt_ids)
         for sequence in sampled.sequences:
             completion_total += len(sequence.tokens)
             text = tokenizer.decode(sequence.tokens, skip_special_tokens=True)
@@ -80,11 +92,13 @@ async def _complete(service: ChatService, body: dict[str, Any], route: Any) -> d
             }
             if want_logprobs is not None:
                 choice["logprobs"] = {
-                    "tokens": [tokenizer.decode([t]) for t in sequence.tokens],
+                    "tokens": [_token_text(tokenizer, t) for t in sequence.tokens],
                     "token_logprobs": list(sequence.logprobs),
                     "top_logprobs": None,
                     "text_offset": None,
                 }
+            if scored is not None:
+                choice["prompt_logprobs"] = scored
             if return_ids:
                 choice["prompt_token_ids"] = list(prompt_ids)
                 choice["token_ids"] = list(sequence.tokens)
@@ -98,6 +112,22 @@ async def _complete(service: ChatService, body: dict[str, Any], route: Any) -> d
         "choices": choices,
         "usage": {"prompt_tokens": prompt_total, "completion_tokens": completion_total, "total_tokens": prompt_total + completion_total},
     }
+
+
+@functools.lru_cache(maxsize=65536)
+def _token_text(tokenizer: Any, token: int) -> str:
+    """The text of one token, cached: remote samplers ask for logprobs (hence token texts) on every call."""
+    return tokenizer.decode([token])
+
+
+async def _prompt_logprobs(service: ChatService, prompt_ids: list[int]) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs` with 0 alternatives: per position, the prompt token's raw logprob (None first)."""
+    tokenizer = service.codec.tokenizer
+    scores = await service.sampler.compute_logprobs_async(prompt_ids)
+    return [
+        None if score is None else {str(token): {"logprob": score, "rank": None, "decoded_token": tokenizer.decode([token])}}
+        for token, score in zip(prompt_ids, scores, strict=True)
+    ]
 
 
 def _prompts(service: ChatService, prompt: Any) -> list[list[int]]:

@@ -41,3 +41,34 @@ def to_litellm_error(error: RequestError, model: str) -> Exception:
     converted.code = error.code
     converted.type = INVALID_REQUEST
     return converted
+
+
+def store_unavailable_error(error: Exception, model: str) -> Exception:
+    """The LiteLLM exception for a call that could not be recorded (store locked, disk full): a 503.
+
+    The sample is not returned: an unrecorded call could never be trained on, and the client
+    (or the runner's retry policy) should try again once the store is writable.
+    """
+    import litellm
+
+    message = f"the call was not served because it could not be recorded: {error}"
+    converted = litellm.ServiceUnavailableError(message=message, model=model, llm_provider="agl")
+    converted.message = message
+    converted.code = "store_unavailable"
+    converted.type = "server_error"
+    return converted
+
+
+def sampler_unavailable_error(error: Exception, model: str) -> Exception:
+    """The LiteLLM exception for a call no remote sampler server could serve: a 503 naming each server.
+
+    Nothing is recorded for such a call; the agent's attempt fails with the message.
+    """
+    import litellm
+
+    message = str(error)
+    converted = litellm.ServiceUnavailableError(message=message, model=model, llm_provider="agl")
+    converted.message = message
+    converted.code = "sampler_unavailable"
+    converted.type = "server_error"
+    return converted

@@ -5,7 +5,7 @@ this layer rewrites such paths to `/v1/...` and passes the ids on as `x-rollout-
 `x-attempt-id` headers (replacing any the client sent), which is how everything behind it learns
 the rollout. Ids are checked here, so a malformed one is a 400 before any work is done.
 
-Every route but the liveness probe needs the key (`Authorization: Bearer`, `x-api-key` or
+Every route but the liveness probe needs the key, websocket routes included (`Authorization: Bearer`, `x-api-key` or
 `api-key`); a missing or wrong key is an OpenAI-style 401. LiteLLM's own check would answer 500
 without its database, so the check lives here, for all routes alike. A JSON body that is not an
 object is refused here too (400), as LiteLLM would crash on it with a plain-text 500.
@@ -40,6 +40,11 @@ class Gateway:
         self._key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]) -> None:
+        if scope["type"] == "websocket" and not self._authorized(list(scope.get("headers", []))):
+            # LiteLLM serves websocket routes (/v1/realtime) too: the key guards them alike. A close
+            # before the handshake is accepted is answered with HTTP 403.
+            await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"})
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -65,9 +70,9 @@ class Gateway:
         if problem is not None:
             await _send_json(send, 400, error_body(problem[1], param=problem[0], code="invalid_rollout_id"))
             return
-        if scope.get("method") in _BODY_METHODS and _json_or_untyped(headers):
+        if _json_or_untyped(headers):
             # LiteLLM answers a JSON body that is not an object (a list, a string, null) with a
-            # plain-text 500 from its auth layer; such a body can never be a valid request.
+            # plain-text 500 from its auth layer, on GET routes too; such a body is never valid.
             receive, first = await _peek_first_byte(receive)
             if first is not None and first != b"{":
                 await _send_json(send, 400, error_body(
@@ -106,14 +111,18 @@ def _id_problem(headers: list[tuple[bytes, bytes]]) -> tuple[str, str] | None:
     return None
 
 
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_NOT_JSON = (b"application/x-protobuf", b"application/protobuf", b"multipart/", b"application/x-www-form-urlencoded",
+             b"application/octet-stream")
 
 
 def _json_or_untyped(headers: list[tuple[bytes, bytes]]) -> bool:
-    """Whether the body is declared JSON or not declared at all (protobuf and form uploads are left alone)."""
+    """Whether LiteLLM would parse the body as JSON: anything but protobuf (OTLP), form uploads and raw bytes.
+
+    LiteLLM reads a body as JSON whatever its declared type (text/plain included).
+    """
     for name, value in headers:
         if name == b"content-type":
-            return b"json" in value.lower()
+            return not value.lower().lstrip().startswith(_NOT_JSON)
     return True
 
 

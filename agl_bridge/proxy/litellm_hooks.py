@@ -48,6 +48,13 @@ class ModelCheck(CustomLogger):
                 code=404,
                 openai_code="model_not_found",
             )
+        response_format = data.get("response_format")
+        if response_format is not None and not (isinstance(response_format, dict) and isinstance(response_format.get("type"), str)):
+            # LiteLLM's own parameter mapping raises on it and answers 500
+            raise ProxyException(
+                message=f'response_format must be an object like {{"type": "json_object"}}, got {response_format!r:.100}',
+                type="invalid_request_error", param="response_format", code=400, openai_code="invalid_value",
+            )
         if call_type in _CHAT_CALL_TYPES and "messages" in data and _is_ours(router, model):
             try:
                 normalize_messages(data["messages"])

@@ -28,9 +28,11 @@ from litellm.types.utils import (
 )
 
 from agl_bridge.chat import PromptEncoding, ToolCall
-from agl_bridge.proxy.errors import RequestError, to_litellm_error
+from agl_bridge.proxy.errors import RequestError, sampler_unavailable_error, store_unavailable_error, to_litellm_error
 from agl_bridge.proxy.service import ChatRequest, ChatResult, ChatService, RolloutRoute, route_of_headers
 from agl_bridge.proxy.streaming import StreamDelta
+from agl_bridge.sampler.remote_errors import RemoteSamplerError
+from agl_bridge.store.errors import StoreError
 
 PROVIDER_NAME = "agl"
 _SYSTEM_FINGERPRINT = "agl-bridge"
@@ -68,6 +70,10 @@ class AglProvider(CustomLLM):
             result = await service.complete(request, route_of(litellm_params))
         except RequestError as error:
             raise to_litellm_error(error, model) from None
+        except StoreError as error:
+            raise store_unavailable_error(error, model) from None
+        except RemoteSamplerError as error:
+            raise sampler_unavailable_error(error, model) from None
         return _fill_response(model_response, model, service, request, result)
 
     async def astreaming(self, model: str, messages: list, api_base: Any, custom_prompt_dict: Any,
@@ -84,6 +90,10 @@ class AglProvider(CustomLLM):
                 yield chunk
         except RequestError as error:
             raise to_litellm_error(error, model) from None
+        except StoreError as error:
+            raise store_unavailable_error(error, model) from None
+        except RemoteSamplerError as error:
+            raise sampler_unavailable_error(error, model) from None
 
 
 def route_of(litellm_params: Mapping[str, Any] | None) -> RolloutRoute:

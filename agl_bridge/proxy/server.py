@@ -28,8 +28,13 @@ from typing import Any, TypeVar
 import yaml
 
 from agl_bridge.chat import ChatCodec
+from agl_bridge.proxy.adapters import AdapterRegistry, make_adapter_router
+from agl_bridge.proxy.affinity import AffinityMiddleware
 from agl_bridge.proxy.completions import make_completions_router
 from agl_bridge.proxy.errors import RequestError
+from agl_bridge.proxy.fast_routes import FastRoutes
+from agl_bridge.proxy.error_handlers import install_error_handlers
+from agl_bridge.proxy.litellm_patches import patch_litellm
 from agl_bridge.proxy.gateway import Gateway
 from agl_bridge.proxy.provider import PROVIDER_NAME, AglProvider
 from agl_bridge.proxy.recording import CallRecorder
@@ -244,12 +249,15 @@ class ProxyServer:
             )
             app = self._litellm_app(service, recorder, make_traces_router(self.store))
             config = uvicorn.Config(
-                Gateway(app, api_key=self.api_key),
+                Gateway(AffinityMiddleware(app), api_key=self.api_key),
                 loop="asyncio",  # uvloop crashed LiteLLM (ContextVar.set segfault) under error-heavy load
                 lifespan="on",
                 log_level="warning",
                 access_log=False,
                 timeout_graceful_shutdown=5,
+                # uvicorn's 5 s default closes pooled client connections that agents reuse after a pause
+                # (a tool call, a queue under load): the request in flight on the race gets a ReadError.
+                timeout_keep_alive=75,
             )
             self._uvicorn = uvicorn.Server(config)
             serving = asyncio.create_task(self._uvicorn.serve(sockets=[self._socket]))
@@ -286,16 +294,50 @@ class ProxyServer:
 
         from litellm.proxy import proxy_server
 
+        adapters = AdapterRegistry()
+
         def service_for(model: str) -> ChatService:
+            if adapters.version_of(model) is not None:
+                return provider.service(self.model_name)  # one merged weight set serves every loaded name
             try:
                 return provider.service(model)
             except Exception as error:
+                if adapters.names() or model.startswith(f"{self.model_name}-v"):
+                    raise RequestError(
+                        f"adapter {model!r} is not loaded on this server (loaded: {adapters.names()}); load it with "
+                        "POST /v1/load_lora_adapter", "model", code="model_not_found", status=404,
+                    ) from None
                 raise RequestError(str(getattr(error, "message", error)), "model") from None
 
         app = proxy_server.app
-        ours = [*make_completions_router(service_for).routes, *traces_router.routes]
-        app.router.routes[:0] = ours  # ahead of LiteLLM's routes of the same paths
-        return app
+        _without_native_telemetry(app)
+        install_error_handlers(app)  # LiteLLM's answer some errors as {"detail": ...} or with code "400"
+        patch_litellm()  # LiteLLM bugs that answer malformed requests with a 500
+        token_routes = make_completions_router(service_for).routes
+        if hasattr(self.sampler, "load_lora"):
+            token_routes += make_adapter_router(self.sampler, adapters).routes
+        app.router.routes[:0] = [*token_routes, *traces_router.routes]  # ahead of LiteLLM's routes of the same paths
+        fast = FastRoutes(app, token_routes)
+        install_error_handlers(fast.fast)  # its 404/405/422 in OpenAI's shape too
+        return fast
+
+
+_NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False}
+"""FastAPI's `telemetry=` settings for the apps the proxy serves (see `_without_native_telemetry`)."""
+
+
+def _without_native_telemetry(app: Any) -> None:
+    """Stop FastAPI (0.165+) from tracing each request of `app` into the global TracerProvider.
+
+    Once an agent in the same process installs a provider (agentops does, as does
+    `configure_agent_tracing`), every proxy request would become a span exported to the proxy's own
+    `/v1/traces`, whose handling makes more spans: a loop that fills the store with spans of no
+    rollout. The proxy records what matters itself. LiteLLM builds the app, so its settings are
+    changed in place.
+    """
+    settings = getattr(app, "_telemetry", None)
+    if isinstance(settings, dict):
+        settings.update(_NO_TELEMETRY)
 
 
 def wait_until_healthy(base_url: str, timeout: float = 60.0) -> None:

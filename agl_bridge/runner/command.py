@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import signal
@@ -81,9 +82,12 @@ def parse_reward_lines(stdout: str) -> dict[str, float]:
         match = _REWARD_LINE.match(line.strip())
         if match:
             try:
-                rewards[match["name"] or "reward"] = float(match["value"])
+                value = float(match["value"])
             except ValueError:
                 raise AgentCommandError(f"reward line {line.strip()!r} does not hold a number") from None
+            if not math.isfinite(value):
+                raise AgentCommandError(f"reward line {line.strip()!r} holds {value}; a reward must be a finite number")
+            rewards[match["name"] or "reward"] = value
     return rewards
 
 

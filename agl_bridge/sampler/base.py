@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 StopReason = Literal["stop", "length"]
 
@@ -194,6 +194,28 @@ class StreamingTokenSampler(TokenSampler, Protocol):
         self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
     ) -> AsyncIterator[TokenEvent | SampleResult]:
         """Yield a TokenEvent per sampled token as it is made, then the full SampleResult last."""
+        ...
+
+
+@runtime_checkable
+class AdapterSampler(Protocol):
+    """A sampler that takes new weights as a peft adapter folder (remote servers, vLLM) instead of tensors.
+
+    The trainer writes the adapter of policy version N to `adapter_path(N)` and calls
+    `load_adapter(path, N)`; from then on new requests sample with it.
+    """
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights new requests are sampled with."""
+        ...
+
+    def adapter_path(self, version: int) -> Any:
+        """The folder the adapter of `version` should be written to (readable by whoever samples)."""
+        ...
+
+    def load_adapter(self, path: Any, version: int | None = None) -> int:
+        """Sample new requests with the adapter in `path` as policy `version`; returns the version."""
         ...
 
 

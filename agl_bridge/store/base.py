@@ -165,15 +165,16 @@ class Store(Protocol):
         ...
 
     def iter_rollout_records(
-        self, rollout_ids: Iterable[str] | None = None, *, with_messages: bool = True
+        self, rollout_ids: Iterable[str] | None = None, *, tokens_only: bool = False
     ) -> AsyncIterator[RolloutRecords]:
         """Stream rollouts one at a time, each with its attempts and their calls and rewards.
 
         rollout_ids None: every rollout the store has a row for, in rollout id order (records of
         rollouts without a row are not included); given: those rollouts in that order, duplicates
         once, RolloutNotFoundError when an unknown id is reached. Records are grouped as
-        `group_rollout_records` does. with_messages=False leaves each call's `messages` empty
-        instead of reading them, for readers that need only the tokens (the converter).
+        `group_rollout_records` does. tokens_only=True is for readers that need only the tokens
+        (the converter): each call's token fields may then be `array.array`s instead of lists,
+        its messages empty and its text, timing, trace and usage fields None.
         """
         ...
 

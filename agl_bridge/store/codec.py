@@ -40,11 +40,16 @@ def encode_int32s(name: str, values: Sequence[int]) -> bytes:
 
 def decode_int32s(blob: bytes) -> list[int]:
     """Unpack bytes written by `encode_int32s`."""
+    return int32_array(blob).tolist()
+
+
+def int32_array(blob: bytes) -> array[int]:
+    """Bytes written by `encode_int32s` as an `array("i")`: no Python int per element until read."""
     values = array("i")
     values.frombytes(blob)
     if _BIG_ENDIAN:
         values.byteswap()
-    return values.tolist()
+    return values
 
 
 def encode_float64s(name: str, values: Sequence[float]) -> bytes:
@@ -62,11 +67,16 @@ def encode_float64s(name: str, values: Sequence[float]) -> bytes:
 
 def decode_float64s(blob: bytes) -> list[float]:
     """Unpack bytes written by `encode_float64s`."""
+    return float64_array(blob).tolist()
+
+
+def float64_array(blob: bytes) -> array[float]:
+    """Bytes written by `encode_float64s` as an `array("d")`."""
     values = array("d")
     values.frombytes(blob)
     if _BIG_ENDIAN:
         values.byteswap()
-    return values.tolist()
+    return values
 
 
 # One encoder for every call: json.dumps with non-default options builds a new encoder each time,

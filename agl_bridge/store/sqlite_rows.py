@@ -17,6 +17,8 @@ from agl_bridge.store.codec import (
     encode_float64s,
     encode_int32s,
     encode_json,
+    float64_array,
+    int32_array,
 )
 from agl_bridge.types import (
     Attempt,
@@ -202,6 +204,48 @@ def decode_llm_call(row: Sequence[Any]) -> LLMCall:
         span_id=span_id,
         trace_id=trace_id,
         usage=None if input_tokens is None else Usage(input_tokens=input_tokens, output_tokens=output_tokens),
+    )
+
+
+_TOKEN_CALL_COLUMNS = frozenset(
+    {
+        "rollout_key", "attempt_key", "sequence", "choice_index", "kind", "model", "prompt_token_ids",
+        "response_token_ids", "response_logprobs", "token_policy_versions", "policy_version",
+        "finish_reason", "agent_name", "prefix_breaks", "span_id",
+    }
+)  # fmt: skip
+TOKEN_CALL_SELECT = ", ".join(c if c in _TOKEN_CALL_COLUMNS else "NULL" for c in LLM_CALL_COLUMNS)
+"""LLM_CALL_SELECT with only what token-level readers use; the other columns read as NULL."""
+
+
+def decode_token_call(row: Sequence[Any]) -> LLMCall:
+    """Build an LLMCall for token-level readers from a row selected with TOKEN_CALL_SELECT.
+
+    The token fields are `array.array`s ("i" ids and versions, "d" logprobs): sequences that
+    index, slice, compare and concatenate like lists (an array never equals a list, though), made
+    without a Python object per element; messages are empty and the text, timing, trace and usage
+    fields None.
+    """
+    (
+        rollout_key, attempt_key, sequence, choice_index, kind, model, prompt_ids, response_ids, logprobs,
+        versions, policy_version, _, _, finish_reason, agent_name, _, _, prefix_breaks, span_id, _, _, _,
+    ) = row  # fmt: skip
+    return LLMCall(
+        rollout_id=rollout_key or None,
+        attempt_id=attempt_key or None,
+        sequence=sequence,
+        choice_index=choice_index,
+        kind=kind,
+        model=model,
+        prompt_token_ids=int32_array(prompt_ids),  # type: ignore[arg-type]
+        response_token_ids=int32_array(response_ids),  # type: ignore[arg-type]
+        response_logprobs=float64_array(logprobs),  # type: ignore[arg-type]
+        token_policy_versions=int32_array(versions),  # type: ignore[arg-type]
+        policy_version=policy_version,
+        finish_reason=finish_reason,
+        agent_name=agent_name,
+        prefix_breaks=[] if prefix_breaks == _EMPTY_JSON_LIST else decode_json(prefix_breaks),
+        span_id=span_id,
     )
 
 

@@ -38,6 +38,7 @@ from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file, save_file
 
 from agl_bridge.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from agl_bridge.sampler.base import AdapterSampler
 from agl_bridge.sampler.hf import HFSampler
 from agl_bridge.train.checkpoint import (
     ADAPTER_FILE,
@@ -186,7 +187,7 @@ class TrainingClient:
         seed: int = 0,
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
-        sampler: HFSampler | None = None,
+        sampler: HFSampler | AdapterSampler | None = None,
         max_batch_tokens: int = 16384,
     ) -> None:
         if not isinstance(lora_rank, int) or isinstance(lora_rank, bool) or lora_rank < 1:
@@ -298,7 +299,7 @@ class TrainingClient:
         return self._vocab_size
 
     @property
-    def sampler(self) -> HFSampler | None:
+    def sampler(self) -> HFSampler | AdapterSampler | None:
         """The sampler weights are published to (None until the first sync when none was given)."""
         return self._sampler
 
@@ -355,8 +356,11 @@ class TrainingClient:
         return self._run(self._save_weights_impl, Path(path))
 
     def save_weights_and_get_sampling_client(self, name: str | None = None, *, version: int | None = None) -> SamplingClient:
-        """Merge the current adapter into the in-process sampler (no restart) and return a client for it.
+        """Publish the current adapter to the sampler (no restart) and return a client for it.
 
+        An in-process `HFSampler` merges it between decode steps. An `AdapterSampler` (remote vLLM
+        or agl-bridge servers, in-process vLLM) gets it as a peft folder written to
+        `sampler.adapter_path(version)` and loaded as `<model>-v<version>`; older ones are unloaded.
         version: the policy version to give the new weights (default: the sampler's + 1). The
         sampler is created over a fresh copy of the base model on first use if none was given.
         """
@@ -648,7 +652,15 @@ class TrainingClient:
     def _sync_impl(self, name: str | None, version: int | None) -> SamplingClient:
         start = time.perf_counter()
         sampler = self._ensure_sampler()
-        new_version = sampler.load_lora(self._sync_state_dict(), scaling=self.lora_scaling, version=version)
+        if isinstance(sampler, AdapterSampler):
+            # Remote servers and vLLM load adapters from files: write the peft folder where they read it.
+            target = sampler.policy_version + 1 if version is None else version
+            path = sampler.adapter_path(target)
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._save_weights_impl(Path(path))
+            new_version = sampler.load_adapter(path, target)
+        else:
+            new_version = sampler.load_lora(self._sync_state_dict(), scaling=self.lora_scaling, version=version)
         self.last_sync_s = time.perf_counter() - start
         return SamplingClient(sampler, weights_version=new_version, name=name)
 
@@ -665,7 +677,7 @@ class TrainingClient:
                 raise RuntimeError(f"unexpected adapter tensor {key!r}; the sampler cannot merge it")
         return state
 
-    def _ensure_sampler(self) -> HFSampler:
+    def _ensure_sampler(self) -> HFSampler | AdapterSampler:
         if self._sampler is None:
             model = load_causal_lm(self._base_path, device=str(self._device), dtype=self._dtype)
             if self._train_unembedding:
@@ -678,9 +690,9 @@ class TrainingClient:
             self._owns_sampler = True
         return self._sampler
 
-    def _check_sampler(self, sampler: HFSampler, fingerprint: str) -> None:
+    def _check_sampler(self, sampler: HFSampler | AdapterSampler, fingerprint: str) -> None:
         model = getattr(sampler, "model", None)
-        if model is None:
+        if model is None or isinstance(sampler, AdapterSampler):  # a remote / vLLM model is not ours to inspect
             return
         if config_fingerprint(model.config) != fingerprint:
             raise ValueError(

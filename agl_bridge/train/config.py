@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
+
+if TYPE_CHECKING:
+    from agl_bridge.sampler.factory import SamplerSpec
 
 LossName = Literal["importance_sampling", "ppo", "cispo"]
 Aggregation = Literal["token_sum", "token_mean", "sequence_mean"]
@@ -80,9 +84,26 @@ class GRPOConfig:
     tensorboard: bool = True
     wandb_project: str | None = None
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    sampler: str = "hf"
+    sampler_urls: list[str] = field(default_factory=list)
+    sampler_api_key: str | None = None
+    sampler_model: str | None = None
+    sampler_timeout_s: float = 600.0
+    adapter_dir: str | None = None
 
     def validate(self) -> None:
         """Raise ConfigError naming the first value out of range."""
+        from agl_bridge.sampler.factory import SamplerSpecError
+
+        try:
+            self.sampler_spec().validate()
+        except SamplerSpecError as error:
+            raise ConfigError(f"{error.field}: {error}") from None
+        if self.sampler != "hf" and self.train_unembedding:
+            raise ConfigError(
+                f"train_unembedding cannot be used with sampler {self.sampler!r}: vLLM loads LoRA weights only, not a "
+                "fully trained lm_head; set train_unembedding = false or sampler = \"hf\""
+            )
         positive = ("steps", "batch_size", "group_size", "lora_rank", "micro_batch_size", "concurrency", "max_attempts",
                     "default_max_tokens", "eval_every", "eval_group_size", "checkpoint_every")
         for name in positive:
@@ -103,6 +124,25 @@ class GRPOConfig:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.warm_start.steps < 0:
             raise ConfigError(f"warm_start.steps must be >= 0, got {self.warm_start.steps}")
+
+
+    def sampler_spec(self) -> SamplerSpec:
+        """The sampler this run samples with (`sampler`, `sampler_urls`, ... keys)."""
+        from agl_bridge.sampler.factory import SamplerSpec, split_urls
+
+        urls = self.sampler_urls
+        if not isinstance(urls, (list, str)):
+            raise ConfigError(f"sampler_urls must be a list of URLs (or one comma-separated string), got {urls!r}")
+        return SamplerSpec(
+            kind=self.sampler,
+            urls=split_urls(urls),
+            api_key=self.sampler_api_key,
+            remote_model=self.sampler_model,
+            timeout_s=self.sampler_timeout_s,
+            adapter_dir=self.adapter_dir or str(Path(self.run_dir) / "adapters"),
+            max_batch_size=max(64, self.concurrency),
+            seed=self.seed,
+        )
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GRPOConfig:
@@ -127,7 +167,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GR
         raise ConfigError(f"{path} must hold a mapping of settings")
     config = config_from_dict({**raw, **(overrides or {})}, where=str(path))
     base = path.resolve().parent
-    for name in ("tasks", "eval_tasks", "offline_data"):
+    for name in ("tasks", "eval_tasks", "offline_data", "adapter_dir"):
         value = getattr(config, name)
         if value and not Path(value).is_absolute():
             setattr(config, name, str(base / value))
@@ -141,7 +181,11 @@ def config_from_dict(raw: dict[str, Any], *, where: str = "config") -> GRPOConfi
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
     values = dict(raw)
+    _check_types(values, GRPOConfig, where)
+    if "warm_start" in values and not isinstance(values["warm_start"], (dict, WarmStartConfig)):
+        raise ConfigError(f"{where}: warm_start must be a table of settings (data, steps, ...), got {values['warm_start']!r}")
     if isinstance(values.get("warm_start"), dict):
+        _check_types(values["warm_start"], WarmStartConfig, f"{where}: warm_start")
         warm = values["warm_start"]
         warm_known = {f.name for f in dataclasses.fields(WarmStartConfig)}
         bad = sorted(set(warm) - warm_known)
@@ -151,6 +195,29 @@ def config_from_dict(raw: dict[str, Any], *, where: str = "config") -> GRPOConfi
     config = GRPOConfig(**values)
     config.validate()
     return config
+
+
+_WANTED: dict[str, tuple[str, Any]] = {
+    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "float": ("a finite number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)),
+    "float | None": ("a finite number or null", lambda v: v is None or _WANTED["float"][1](v)),
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "str | None": ("a string or null", lambda v: v is None or isinstance(v, str)),
+    "dict[str, float]": (
+        "a table of names to finite numbers",
+        lambda v: isinstance(v, dict) and all(isinstance(k, str) and _WANTED["float"][1](x) for k, x in v.items()),
+    ),
+}
+
+
+def _check_types(values: dict[str, Any], schema: type, where: str) -> None:
+    """Refuse a value of the wrong type by its key, before range checks would fail on it with a TypeError."""
+    annotations = {f.name: str(f.type) for f in dataclasses.fields(schema)}
+    for name, value in values.items():
+        wanted = _WANTED.get(annotations.get(name, ""))
+        if wanted is not None and not wanted[1](value):
+            raise ConfigError(f"{where}: {name} must be {wanted[0]}, got {value!r}")
 
 
 def config_to_dict(config: GRPOConfig) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import asyncio
 import importlib
 import importlib.util
 import json
+import os
 import random
 import statistics
 import time
@@ -28,18 +29,19 @@ from typing import Any
 
 from agl_bridge.chat import ChatCodec
 from agl_bridge.convert import ConversionReport, ConvertOptions, Trajectory, convert_store
-from agl_bridge.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from agl_bridge.models.loading import load_tokenizer, resolve_model_path
 from agl_bridge.proxy.server import ProxyServer
 from agl_bridge.runner import AgentCommand, RetryPolicy, RolloutOutcome, Runner, RunnerConfig, load_tasks
+from agl_bridge.runner.recovery import fail_interrupted
 from agl_bridge.runner.runner import AgentFunction
-from agl_bridge.sampler.hf import HFSampler
+from agl_bridge.sampler.factory import build_sampler
 from agl_bridge.store.sqlite import SQLiteStore
 from agl_bridge.train.advantages import datums_for, group_advantages
 from agl_bridge.train.client import AdamParams, TrainingClient
 from agl_bridge.train.config import ConfigError, GRPOConfig, config_to_dict
 from agl_bridge.train.datum import Datum
 from agl_bridge.train.plot import plot_run
-from agl_bridge.train.run_log import RunLog
+from agl_bridge.train.run_log import RunLog, drop_records_after
 
 CHECKPOINTS = "checkpoints"
 _TRAIN_KEYS = ("loss", "grad_norm", "lr", "ratio_mean", "logprob_diff_abs_mean", "logprob_diff_abs_max", "entropy_mean")
@@ -154,7 +156,8 @@ class GRPOTrainer:
                     log.close()
         model_path = resolve_model_path(self.config.model)
         tokenizer = load_tokenizer(model_path)
-        sampler = HFSampler(load_causal_lm(model_path), tokenizer, seed=self.config.seed, max_batch_size=max(64, self.config.concurrency))
+        # hf: merged in place in this process; remote / vllm: adapters written to adapter_dir and loaded by name.
+        sampler = build_sampler(self.config.sampler_spec(), model_path, tokenizer, served_name=self._model_name())
         client = TrainingClient(
             model_path,
             lora_rank=self.config.lora_rank,
@@ -241,6 +244,10 @@ class GRPOTrainer:
             evaluator = self._runner(proxy, store, config.eval_group_size)
             try:
                 start_step = 0 if state is None else int(state["next_step"])
+                if state is not None:
+                    interrupted = await fail_interrupted(store, "interrupted: the training process stopped before this attempt finished")
+                    if interrupted:
+                        log.say(f"{interrupted} rollouts left running by the interrupted run marked failed")
                 if state is None and config.warm_start.steps > 0 and self.warm_start_pairs:
                     summary.warm_start = await self._warm_start(client, tokenizer, evaluator, store, log)
                     summary.eval_start = summary.warm_start.get("after")
@@ -422,7 +429,11 @@ class GRPOTrainer:
     def _checkpoint(self, client: TrainingClient, next_step: int, eval_start: float | None, log: RunLog) -> None:
         path = self.run_dir / CHECKPOINTS / f"step_{next_step:06d}"
         client.save_state(path)
-        (path / LOOP_STATE).write_text(json.dumps({"next_step": next_step, "eval_start": eval_start, "seed": self.config.seed}))
+        # Written to a temporary name and renamed: a kill mid-write must not leave a torn state file
+        # that --resume would pick as the latest checkpoint.
+        partial = path / f"{LOOP_STATE}.partial"
+        partial.write_text(json.dumps({"next_step": next_step, "eval_start": eval_start, "seed": self.config.seed}))
+        os.replace(partial, path / LOOP_STATE)
         log.say(f"checkpoint {path}")
 
     def _resume_state(self, client: TrainingClient, log: RunLog, *, sync: bool = True) -> dict[str, Any] | None:
@@ -438,7 +449,9 @@ class GRPOTrainer:
         client.load_state(state_file.parent)
         if sync:
             client.save_weights_and_get_sampling_client()
-        log.say(f"resumed from {state_file.parent}: next step {state['next_step'] + 1}")
+        dropped = drop_records_after(self.run_dir, int(state["next_step"]))
+        log.say(f"resumed from {state_file.parent}: next step {state['next_step'] + 1}"
+                + (f" ({dropped} metrics records after it dropped)" if dropped else ""))
         return state
 
     def _load_pairs(self) -> list[tuple[Any, str]]:

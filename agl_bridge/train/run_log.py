@@ -85,6 +85,34 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def drop_records_after(run_dir: str | Path, step: int) -> int:
+    """Remove the records of steps after `step` (and a torn last line) from metrics.jsonl; return how many.
+
+    A run killed after logging step k but before checkpointing it resumes from an earlier checkpoint
+    and runs step k again; its first records would otherwise stay next to the new ones. The file is
+    rewritten in place (not replaced), so a `RunLog` already appending to it keeps writing to it.
+    """
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1
+            continue
+        if record.get("phase") in ("train", "eval") and int(record.get("step", 0)) > step:
+            dropped += 1
+            continue
+        kept.append(line)
+    if dropped:
+        with path.open("r+", encoding="utf-8") as file:
+            file.write("".join(line + "\n" for line in kept))
+            file.truncate()
+    return dropped
+
+
 def _json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None

@@ -1,6 +1,6 @@
 """Train the hello agent: a short supervised warm start, then GRPO through the proxy, on a CPU.
 
-    python examples/hello_qwen/train.py                       # the tiny default model, ~10 minutes
+    python examples/hello_qwen/train.py                       # the tiny default model, 10–13 minutes
     python examples/hello_qwen/train.py --quick               # a few steps, to check the pipeline
     python examples/hello_qwen/train.py --model Qwen/Qwen3-4B-Instruct-2507 --no-warm-start   # a GPU
 
@@ -38,9 +38,9 @@ def build_config(args: argparse.Namespace) -> GRPOConfig:
     return GRPOConfig(
         model=args.model,
         run_dir=args.run_dir,
-        steps=args.steps or (3 if quick else 100),
-        batch_size=4 if quick else 8,
-        group_size=4 if quick else 8,
+        steps=args.steps or (3 if quick else 140),
+        batch_size=4 if quick else args.batch_size,
+        group_size=4 if quick else args.group_size,
         learning_rate=args.learning_rate,
         lora_rank=16,
         lora_alpha=32,
@@ -62,8 +62,10 @@ def main(argv: list[str] | None = None) -> RunSummary:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="tiny (built offline), a local model directory, or a hub id")
     parser.add_argument("--run-dir", default="runs/hello")
-    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 100, 3 with --quick)")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 140, 3 with --quick)")
     parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--batch-size", type=int, default=8, help="tasks (numbers) per RL step")
+    parser.add_argument("--group-size", type=int, default=8, help="rollouts per task: one GRPO group")
     parser.add_argument("--warm-start-steps", type=int, default=120)
     parser.add_argument("--no-warm-start", action="store_true", help="RL only (for real instruct models)")
     parser.add_argument("--quick", action="store_true", help="a few small steps, to check the pipeline")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from array import array
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -168,15 +169,21 @@ async def test_the_whole_store_walk_matches_the_per_rollout_reads(store: SQLiteS
         )
 
 
-async def test_the_token_only_walk_is_the_full_walk_without_messages(store: SQLiteStore) -> None:
+async def test_the_token_only_walk_is_the_full_walk_with_arrays_and_no_text(store: SQLiteStore) -> None:
     full = [r async for r in store.iter_rollout_records()]
-    lean = [r async for r in store.iter_rollout_records(with_messages=False)]
+    lean = [r async for r in store.iter_rollout_records(tokens_only=True)]
+    lean_calls = [c for r in lean for c in [*(c for a in r.attempts for c in a.calls), *r.other_calls]]
+    assert lean_calls and all(isinstance(c.prompt_token_ids, array) for c in lean_calls)
+    for call in lean_calls:
+        assert call.messages == [] and call.response_text is None and call.usage is None and call.trace_id is None
+        call.prompt_token_ids = call.prompt_token_ids.tolist()
+        call.response_token_ids = call.response_token_ids.tolist()
+        call.response_logprobs = call.response_logprobs.tolist()
+        call.token_policy_versions = call.token_policy_versions.tolist()
     for records in full:
-        for bundle in records.attempts:
-            for call in bundle.calls:
-                call.messages = []
-        for call in records.other_calls:
-            call.messages = []
+        for call in [*(c for a in records.attempts for c in a.calls), *records.other_calls]:
+            call.messages, call.response_text, call.usage, call.trace_id = [], None, None, None
+            call.started_at = call.ended_at = None
     assert lean == full
     assert any(c.messages for r in [x async for x in store.iter_rollout_records()] for a in r.attempts for c in a.calls)
 
@@ -205,8 +212,8 @@ class CountingStore:
         self.inner = inner
         self.pulled = 0
 
-    async def iter_rollout_records(self, rollout_ids: Any = None, *, with_messages: bool = True) -> AsyncIterator[Any]:
-        async for records in self.inner.iter_rollout_records(rollout_ids, with_messages=with_messages):
+    async def iter_rollout_records(self, rollout_ids: Any = None, *, tokens_only: bool = False) -> AsyncIterator[Any]:
+        async for records in self.inner.iter_rollout_records(rollout_ids, tokens_only=tokens_only):
             self.pulled += 1
             yield records
 

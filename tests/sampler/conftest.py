@@ -17,3 +17,16 @@ def sampler(tiny_model_dir: Path, tiny_tokenizer) -> Iterator[HFSampler]:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     with HFSampler(model, tiny_tokenizer, seed=0) as sampler:
         yield sampler
+
+
+@pytest.fixture(scope="session")
+def remote_target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A real `agl-bridge serve` on the tiny model in a subprocess: the server remote-sampler tests call."""
+    from remote_helpers import ServeSubprocess
+
+    server = ServeSubprocess(tiny_model_dir, tmp_path_factory.mktemp("remote_target") / "target.sqlite")
+    try:
+        server.url  # noqa: B018  (waits until it serves)
+        yield server
+    finally:
+        server.stop()

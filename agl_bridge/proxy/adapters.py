@@ -1,0 +1,132 @@
+"""vLLM's runtime LoRA routes on agl-bridge serve: `POST /v1/load_lora_adapter`, `/v1/unload_lora_adapter`.
+
+The same weight-sync code drives vLLM and us. The bodies and answers are vLLM's: `{"lora_name",
+"lora_path"}` → 200 with a plain-text success line; a name loaded twice → 400 "... has already been
+loaded"; unloading an unknown name → 404 "... cannot be found".
+
+One difference, by design: vLLM keeps every loaded adapter side by side, while the HF sampler holds
+one merged set of weights. Loading an adapter here merges it in place of the previous one (between
+decode steps, no request dropped); every loaded name — and the base name — then serves the newest
+weights, and each token still reports the policy version that produced it. A name ending in `-v<N>`
+sets policy version N (what `RemoteSampler` sends); any other name gets the current version + 1.
+Unloading a name only stops it being accepted; the weights stay until the next load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from agl_bridge.proxy.errors import error_body
+from agl_bridge.sampler.adapter_files import AdapterFileError, read_peft_adapter
+
+_VERSIONED = re.compile(r"-v(?P<version>\d+)$")
+
+
+class AdapterRegistry:
+    """The adapter names this server accepts as `model`, and the policy version each was loaded as."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def version_of(self, name: str) -> int | None:
+        """The policy version `name` was loaded as, or None if it is not loaded."""
+        with self._lock:
+            return self._loaded.get(name)
+
+    def names(self) -> list[str]:
+        """Loaded adapter names, oldest first."""
+        with self._lock:
+            return list(self._loaded)
+
+    def add(self, name: str, version: int) -> bool:
+        """Register `name`; False if it was already loaded."""
+        with self._lock:
+            if name in self._loaded:
+                return False
+            self._loaded[name] = version
+            return True
+
+    def remove(self, name: str) -> bool:
+        """Forget `name`; False if it was not loaded."""
+        with self._lock:
+            return self._loaded.pop(name, None) is not None
+
+
+def make_adapter_router(sampler: Any, registry: AdapterRegistry) -> APIRouter:
+    """The two routes over `sampler` (which must have `load_lora`, like HFSampler)."""
+    router = APIRouter()
+    swap_lock = asyncio.Lock()
+
+    async def load(request: Request) -> Any:
+        body = await _body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        name, path = body.get("lora_name"), body.get("lora_path")
+        for field, value in (("lora_name", name), ("lora_path", path)):
+            if not isinstance(value, str) or not value:
+                return _error(400, f"{field} is required: a non-empty string", field)
+        if registry.version_of(name) is not None:
+            return _error(400, f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        if not hasattr(sampler, "load_lora"):
+            return _error(400, f"this server's sampler ({type(sampler).__name__}) cannot load LoRA adapters", "lora_name")
+        try:
+            state, scaling, saved = await asyncio.to_thread(read_peft_adapter, path)
+        except AdapterFileError as error:
+            return _error(400, str(error), "lora_path")
+        if saved and _embeddings_tied(getattr(sampler, "model", None)):
+            return _error(
+                400, f"the adapter in {path} trains {saved} in full, but this server's model ties its output layer to the "
+                "input embeddings; train without train_unembedding, or serve an untied copy of the model", "lora_path",
+            )
+        match = _VERSIONED.search(name)
+        async with swap_lock:
+            version = int(match["version"]) if match else int(sampler.policy_version) + 1
+            try:
+                await asyncio.to_thread(sampler.load_lora, state, scaling, version)
+            except ValueError as error:  # shapes or names that do not fit this model
+                return _error(400, f"the adapter in {path} does not fit this server's model: {error}", "lora_path")
+            registry.add(name, version)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload(request: Request) -> Any:
+        body = await _body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        name = body.get("lora_name")
+        if not isinstance(name, str) or not name:
+            return _error(400, "lora_name is required: a non-empty string", "lora_name")
+        if not registry.remove(name):
+            return _error(404, f"The lora adapter '{name}' cannot be found.", "lora_name", code="not_found")
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+
+    router.add_api_route("/v1/load_lora_adapter", load, methods=["POST"])
+    router.add_api_route("/v1/unload_lora_adapter", unload, methods=["POST"])
+    return router
+
+
+async def _body(request: Request) -> dict[str, Any] | JSONResponse:
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(400, "the request body is not valid JSON", "request_body")
+    if not isinstance(body, dict):
+        return _error(400, "the request body must be a JSON object", "request_body")
+    return body
+
+
+def _error(status: int, message: str, param: str | None, code: str = "invalid_value") -> JSONResponse:
+    return JSONResponse(error_body(message, param=param, code=code), status_code=status)
+
+
+def _embeddings_tied(model: Any) -> bool:
+    if model is None:
+        return False
+    output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
+    return output is not None and inputs is not None and output.weight.data_ptr() == inputs.weight.data_ptr()

@@ -1,0 +1,398 @@
+"""`RemoteSampler`: a `TokenSampler` over HTTP to servers that speak vLLM's token protocol.
+
+Point it at one or more vLLM OpenAI-compatible servers (or other `agl-bridge serve` processes):
+token-id prompts go out on `POST /v1/completions`, token ids, raw logprobs and the finish reason
+come back (`agl_bridge.sampler.remote_protocol`). One pooled, keep-alive `httpx.AsyncClient` per
+event loop carries the requests; sync callers share one on a private loop.
+
+Routing (`agl_bridge.sampler.remote_pool`): the requests of one rollout stay on one server (its
+prefix cache keeps the rollout's earlier turns); a server that is down, slow, answers 5xx or answers
+without token ids is taken out of rotation for a cooldown and the request moves to the next one.
+Only when every server failed does the request fail, with an error naming each server and what
+went wrong — the proxy then answers the agent with an error and records nothing.
+
+Weights (`load_adapter`): the trainer writes each new peft adapter under `adapter_dir` (a folder
+every server can read) and the sampler loads it on every server as `<model>-v<N>` with vLLM's
+`POST /v1/load_lora_adapter`; new requests name that adapter as their `model`, so each token's
+policy version is the N of the adapter that produced it. Older adapters are unloaded
+(`/v1/unload_lora_adapter`) once no request in flight still uses them. A server that missed a load
+(down at the time) gets the current adapter before its next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import weakref
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from agl_bridge.sampler._loop_thread import LoopThread
+from agl_bridge.sampler.affinity import current_affinity
+from agl_bridge.sampler.base import ContextLengthError, SampleResult, SamplingParams
+from agl_bridge.sampler.remote_errors import (
+    RemoteContextLengthError,
+    RemoteRequestError,
+    RemoteSamplerError,
+    ServerFailure,
+)
+from agl_bridge.sampler.remote_pool import ServerPool, ServerState
+from agl_bridge.sampler.remote_protocol import (
+    completion_body,
+    error_message,
+    parse_completion,
+    parse_prompt_logprobs,
+    scoring_body,
+)
+
+__all__ = ["RemoteContextLengthError", "RemoteRequestError", "RemoteSampler", "RemoteSamplerError"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_ALREADY_LOADED = re.compile(r"already been loaded", re.IGNORECASE)
+_CONTEXT_WORDS = re.compile(r"context length|context window|maximum context", re.IGNORECASE)
+
+
+class RemoteSampler:
+    """A `TokenSampler` whose model runs on one or more vLLM-protocol servers.
+
+    urls: the servers' base URLs (`http://host:port`, with or without `/v1`).
+    model: the name the servers serve the base model under (vLLM's `--served-model-name`).
+    api_key: sent as `Authorization: Bearer` (vLLM's `--api-key`, agl-bridge serve's `--api-key`).
+    vocab_size / max_context: checked locally before a request goes out (None: the servers check).
+    max_batch_size: most samples one request may ask for (the proxy's limit on `n`).
+    timeout_s: longest wait for one answer; a server slower than that counts as failed.
+    cooldown_s: how long a failed server stays out of rotation.
+    adapter_dir: folder the trainer writes adapters into, readable by every server at the same path.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        model: str,
+        api_key: str | None = None,
+        vocab_size: int | None = None,
+        max_context: int = 32768,
+        max_batch_size: int = 64,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 5.0,
+        cooldown_s: float = 10.0,
+        max_connections: int = 256,
+        adapter_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if isinstance(urls, str):
+            urls = [u for u in urls.split(",") if u.strip()]
+        if not model:
+            raise ValueError("RemoteSampler needs the model name the servers serve (vLLM's --served-model-name)")
+        for name, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s), ("cooldown_s", cooldown_s)):
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        self.pool = ServerPool(urls, cooldown_s=cooldown_s)
+        self.model = model
+        self.max_batch_size = max_batch_size
+        self.adapter_dir = None if adapter_dir is None else Path(adapter_dir)
+        self._vocab_size = vocab_size
+        self._max_context = max_context
+        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=60)
+        self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+        self._loop_thread = LoopThread("agl-remote-sampler")
+        self._lock = threading.Lock()
+        self._active = (model, 0)  # (adapter name requests use, its policy version)
+        self._adapter_paths: dict[str, str] = {}
+        self._in_flight: dict[str, int] = {}
+        self._retiring: set[str] = set()
+        self._closed = False
+
+    # ------------------------------------------------------------------ TokenSampler
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the adapter new requests name (0: the base model)."""
+        return self._active[1]
+
+    @property
+    def active_model(self) -> str:
+        """The model name new requests send: the base name, or `<model>-v<N>` after a weight sync."""
+        return self._active[0]
+
+    @property
+    def max_context(self) -> int:
+        """Most tokens (prompt + sampled) a sequence may have, as configured for these servers."""
+        return self._max_context
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Vocabulary size prompts are checked against (None: not checked locally)."""
+        return self._vocab_size
+
+    def sample(self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1) -> SampleResult:
+        """Sample `num_samples` continuations of `prompt_tokens`, blocking until all are done."""
+        return self._run_sync(self.sample_async(prompt_tokens, params, num_samples))
+
+    async def sample_async(
+        self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
+    ) -> SampleResult:
+        """Sample on the rollout's server (or the next healthy one); RemoteSamplerError if none can."""
+        prompt = self._check(prompt_tokens, params, num_samples)
+        name, version = self._begin()
+        body = completion_body(name, prompt, params, num_samples)
+        try:
+            return await self._call(
+                "sampling", body, lambda url, answer: parse_completion(url, answer, prompt, num_samples, version), len(prompt)
+            )
+        finally:
+            self._end(name)
+
+    def compute_logprobs(self, token_ids: Sequence[int]) -> list[float | None]:
+        """Raw logprob of each token given the ones before it (vLLM's `prompt_logprobs`); the first is None."""
+        return self._run_sync(self.compute_logprobs_async(token_ids))
+
+    async def compute_logprobs_async(self, token_ids: Sequence[int]) -> list[float | None]:
+        """Async form of `compute_logprobs`."""
+        ids = [int(t) for t in token_ids]
+        if len(ids) <= 1:
+            return [None] * len(ids)
+        if len(ids) >= self._max_context:
+            raise ContextLengthError(len(ids), self._max_context)
+        name, _ = self._begin()
+        try:
+            return await self._call(
+                "scoring", scoring_body(name, ids), lambda url, answer: parse_prompt_logprobs(url, answer, ids), len(ids)
+            )
+        finally:
+            self._end(name)
+
+    # ------------------------------------------------------------------ weight sync
+
+    def adapter_path(self, version: int) -> Path:
+        """Where the adapter of policy `version` is written: `adapter_dir/<model>-v<version>`."""
+        if self.adapter_dir is None:
+            raise ValueError(
+                "syncing weights to remote servers needs adapter_dir: a folder the trainer writes adapters into "
+                "and every server reads at the same path (config key adapter_dir)"
+            )
+        return self.adapter_dir / f"{self.model.replace('/', '--')}-v{version}"
+
+    def load_adapter(self, path: str | os.PathLike[str], version: int | None = None) -> int:
+        """Load the peft adapter at `path` on every server as `<model>-v<version>` and sample with it from now on.
+
+        version: default the current version + 1. Returns the new policy version. Servers that fail
+        are taken out of rotation (and get the adapter before their next request); if none loads
+        it, RemoteSamplerError and nothing changes.
+        """
+        return self._run_sync(self.load_adapter_async(path, version))
+
+    async def load_adapter_async(self, path: str | os.PathLike[str], version: int | None = None) -> int:
+        """Async form of `load_adapter`."""
+        new_version = self.policy_version + 1 if version is None else int(version)
+        name = f"{self.model}-v{new_version}"
+        where = str(Path(path).resolve())
+        self._adapter_paths[name] = where
+        results = await asyncio.gather(*(self._load_on(server, name, where) for server in self.pool.servers), return_exceptions=True)
+        failures = []
+        for server, result in zip(self.pool.servers, results, strict=True):
+            if isinstance(result, ServerFailure):
+                self.pool.mark_down(server, result.reason)
+                failures.append((server.url, result.reason))
+            elif isinstance(result, BaseException):
+                raise result
+        if len(failures) == len(self.pool.servers):
+            self._adapter_paths.pop(name, None)
+            raise RemoteSamplerError.from_failures(f"loading adapter {name!r} from {where}", failures)
+        for url, reason in failures:
+            logger.warning("sampler server %s is out of rotation: %s", url, reason)
+        with self._lock:
+            self._active = (name, new_version)
+            retire = [n for n in self._adapter_paths if n != name]
+        for old in retire:
+            await self._retire(old)
+        return new_version
+
+    def status(self) -> list[dict[str, object]]:
+        """Each server's URL, whether it is in rotation, its last error, requests in flight."""
+        return self.pool.status()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Close the HTTP clients and the private loop."""
+        if self._closed:
+            return
+        self._closed = True
+        private = self._loop_thread.started_loop
+        own = self._clients.pop(private, None) if private is not None else None
+        for loop, client in list(self._clients.items()):
+            if loop.is_running() and not loop.is_closed():
+                asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+        self._clients.clear()
+        self._loop_thread.close(own.aclose() if own is not None else None)
+
+    def __enter__(self) -> RemoteSampler:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _check(self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int) -> list[int]:
+        params.validate(self._vocab_size)
+        if not isinstance(num_samples, int) or isinstance(num_samples, bool) or not 1 <= num_samples <= self.max_batch_size:
+            raise ValueError(f"num_samples must be an integer in 1..{self.max_batch_size}, got {num_samples!r}")
+        prompt = [int(t) for t in prompt_tokens]
+        if not prompt:
+            raise ValueError("prompt_tokens must contain at least one token")
+        if self._vocab_size is not None and any(t < 0 or t >= self._vocab_size for t in prompt):
+            bad = next(t for t in prompt if t < 0 or t >= self._vocab_size)  # type: ignore[operator]
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary 0..{self._vocab_size - 1}")
+        if len(prompt) >= self._max_context:
+            raise ContextLengthError(len(prompt), self._max_context)
+        return prompt
+
+    def _begin(self) -> tuple[str, int]:
+        with self._lock:
+            name, version = self._active
+            self._in_flight[name] = self._in_flight.get(name, 0) + 1
+        return name, version
+
+    def _end(self, name: str) -> None:
+        with self._lock:
+            self._in_flight[name] -= 1
+            idle = self._in_flight[name] == 0
+            if idle:
+                del self._in_flight[name]
+            retire = idle and name in self._retiring
+        if retire and not self._closed:
+            # The last request that used an old adapter is done: unload it off this request's path.
+            self._loop_thread.submit(self._retire(name))
+
+    async def _call(self, what: str, body: dict[str, Any], parse: Any, prompt_length: int) -> Any:
+        client = self._client()
+        failures: list[tuple[str, str]] = []
+        for server in self.pool.order(current_affinity()):
+            self.pool.started(server)
+            try:
+                result = await self._call_server(client, server, body, parse, prompt_length)
+            except ServerFailure as failure:
+                self.pool.mark_down(server, failure.reason)
+                failures.append((server.url, failure.reason))
+                logger.warning("sampler server %s failed and is out of rotation: %s", server.url, failure.reason)
+                continue
+            finally:
+                self.pool.finished(server)
+            self.pool.mark_up(server)
+            return result
+        raise RemoteSamplerError.from_failures(what, failures)
+
+    async def _call_server(
+        self, client: httpx.AsyncClient, server: ServerState, body: dict[str, Any], parse: Any, prompt_length: int
+    ) -> Any:
+        name = body["model"]
+        if name != self.model and name not in server.loaded:
+            await self._load_on(server, name, self._adapter_paths[name])
+        response = await self._post(client, server, "/v1/completions", body)
+        if response.status_code == 404 and name != self.model:
+            # The server lost the adapter (restarted?): load it again and retry there once.
+            server.loaded.discard(name)
+            await self._load_on(server, name, self._adapter_paths[name])
+            response = await self._post(client, server, "/v1/completions", body)
+        answer = _json(response)
+        if response.status_code >= 400:
+            self._raise_for_status(server, response.status_code, answer, prompt_length)
+        return parse(server.url, answer)
+
+    def _raise_for_status(self, server: ServerState, status: int, answer: Any, prompt_length: int) -> None:
+        message, param, code = error_message(answer, f"HTTP {status} with no error message")
+        if status in (401, 403):
+            raise ServerFailure(
+                server.url, f"refused our key (HTTP {status}: {message}); pass the server's key as --sampler-api-key "
+                "(or sampler_api_key in the trainer config)"
+            )
+        if status >= 500 or status in (404, 408, 429):
+            raise ServerFailure(server.url, f"HTTP {status}: {message}")
+        if code == "context_length_exceeded" or _CONTEXT_WORDS.search(message):
+            raise RemoteContextLengthError(server.url, prompt_length, self._max_context, message)
+        raise RemoteRequestError(server.url, status, message, param)
+
+    async def _post(self, client: httpx.AsyncClient, server: ServerState, path: str, body: dict[str, Any]) -> httpx.Response:
+        try:
+            return await client.post(f"{server.url}{path}", content=json.dumps(body, separators=(",", ":")).encode())
+        except httpx.TimeoutException as error:
+            raise ServerFailure(server.url, f"no answer on {path} within the timeout ({_timeout_text(self._timeout)}; {type(error).__name__})") from None
+        except httpx.HTTPError as error:
+            raise ServerFailure(server.url, f"cannot reach {path}: {error or type(error).__name__}") from None
+
+    async def _load_on(self, server: ServerState, name: str, path: str) -> None:
+        response = await self._post(self._client(), server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        if response.status_code >= 400:
+            message, _, _ = error_message(_json(response), response.text[:300] or f"HTTP {response.status_code}")
+            if not _ALREADY_LOADED.search(message):
+                hint = " (start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)" if response.status_code == 404 else ""
+                raise ServerFailure(server.url, f"loading adapter {name!r} from {path} failed (HTTP {response.status_code}: {message}){hint}")
+        server.loaded.add(name)
+
+    async def _retire(self, name: str) -> None:
+        """Unload `name` everywhere once no request uses it; delete its folder if we wrote it."""
+        with self._lock:
+            if name == self._active[0]:
+                self._retiring.discard(name)
+                return
+            if self._in_flight.get(name):
+                self._retiring.add(name)
+                return
+            self._retiring.discard(name)
+        client = self._client()
+        for server in self.pool.servers:
+            if name not in server.loaded:
+                continue
+            try:
+                response = await self._post(client, server, "/v1/unload_lora_adapter", {"lora_name": name})
+            except ServerFailure as failure:
+                logger.warning("could not unload adapter %r from %s: %s", name, server.url, failure.reason)
+                continue
+            if response.status_code < 400 or response.status_code == 404:
+                server.loaded.discard(name)
+            else:
+                logger.warning("could not unload adapter %r from %s: HTTP %s %s", name, server.url, response.status_code, response.text[:200])
+        path = self._adapter_paths.pop(name, None)
+        if path is not None and self.adapter_dir is not None and Path(path).parent == self.adapter_dir.resolve():
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            if self._closed:
+                raise RemoteSamplerError("the remote sampler is closed; create a new one")
+            client = httpx.AsyncClient(timeout=self._timeout, limits=self._limits, headers=self._headers)
+            self._clients[loop] = client
+        return client
+
+    def _run_sync(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if self._loop_thread.is_current():
+            coroutine.close()
+            raise RuntimeError("call the *_async methods from inside the sampler's own loop")
+        return self._loop_thread.run(coroutine)
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return json.loads(response.content)
+    except ValueError:
+        return None
+
+
+def _timeout_text(timeout: httpx.Timeout) -> str:
+    return f"connect {timeout.connect:g}s, read {timeout.read:g}s"

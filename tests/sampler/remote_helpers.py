@@ -1,0 +1,172 @@
+"""Helpers for the remote-sampler tests: real `agl-bridge serve` subprocesses and a scriptable fake server.
+
+`ServeSubprocess` starts `agl-bridge serve` on 127.0.0.1 with a free port (LiteLLM's proxy is one per
+process, so a second server must be another process) and stops it. `FakeServer` is a small ASGI
+app in a thread of the test process that speaks vLLM's `/v1/completions` shape and can misbehave
+on demand (answer without token ids, be slow, answer 500) or relay to a real server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+AGL_BRIDGE = str(Path(sys.executable).with_name("agl-bridge"))
+KEY = "sk-agl-remote-tests"
+_SERVING = re.compile(r"serving '[^']+' \(.*\) at (?P<url>http://127\.0\.0\.1:\d+)/v1")
+
+
+def serve_env() -> dict[str, str]:
+    """The test environment without keys a developer's shell may set; offline switches on."""
+    env = dict(os.environ)
+    for name in ("AGL_API_KEY", "OPENAI_API_KEY", "AGL_SAMPLER_API_KEY", "AGL_ROLLOUT_ID", "AGL_ATTEMPT_ID", "AGL_ENDPOINT"):
+        env.pop(name, None)
+    env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return env
+
+
+class ServeSubprocess:
+    """`agl-bridge serve --port 0 --api-key KEY ...extra` in a subprocess; `url` once it serves."""
+
+    def __init__(self, model_dir: Path, store: Path, *extra: str) -> None:
+        self.store = store
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        self.process = subprocess.Popen(
+            [AGL_BRIDGE, "serve", "--model", str(model_dir), "--port", "0", "--store", str(store), "--api-key", KEY, *extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=serve_env(), cwd=store.parent,
+        )
+        assert self.process.stderr is not None
+        threading.Thread(target=lambda: [self.lines.put(line) for line in self.process.stderr], daemon=True).start()
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str:
+        """`http://127.0.0.1:PORT` of the server, waiting for it to start."""
+        if self._url is None:
+            deadline = time.monotonic() + 180
+            while self._url is None and time.monotonic() < deadline:
+                try:
+                    line = self.lines.get(timeout=0.5)
+                except queue.Empty:
+                    if self.process.poll() is not None:
+                        break
+                    continue
+                self.seen.append(line)
+                if (match := _SERVING.search(line)) is not None:
+                    self._url = match["url"]
+            if self._url is None:
+                raise AssertionError("agl-bridge serve did not start; stderr:\n" + "".join(self.seen))
+        return self._url
+
+    def stop(self) -> None:
+        """Stop the server (Ctrl-C, then kill)."""
+        if self.process.poll() is None:
+            self.process.send_signal(2)  # Ctrl-C: uvicorn shuts down gracefully, the store is closed
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=20)
+
+
+def free_port() -> int:
+    """A port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class FakeServer:
+    """A vLLM-protocol server in a thread: `mode` is ok | no_ids | slow | error | relay.
+
+    ok: answers every prompt with `reply` (its last prompt id, then 1, 2, ...) and logprob -0.25 each.
+    no_ids: the same answer without token_ids / prompt_token_ids (an old vLLM). slow: sleeps
+    `delay_s` first. error: HTTP 500. relay: forwards the body to `relay_to` with `relay_key`.
+    `requests` logs every body it got.
+    """
+
+    mode: str = "ok"
+    delay_s: float = 2.0
+    relay_to: str | None = None
+    relay_key: str | None = None
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        import uvicorn
+
+        self.port = free_port()
+        config = uvicorn.Config(self._app, host="127.0.0.1", port=self.port, log_level="error", lifespan="off", interface="asgi3", timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    @property
+    def url(self) -> str:
+        """Base URL of the fake."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        """Stop serving."""
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+    async def _app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        import json
+
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        request = json.loads(body or b"{}")
+        self.requests.append({"path": scope["path"], **request})
+        status, answer = await self._answer(scope["path"], request)
+        payload = json.dumps(answer).encode()
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def _answer(self, path: str, request: dict[str, Any]) -> tuple[int, Any]:
+        if self.mode == "relay":
+            async with httpx.AsyncClient(timeout=60) as client:
+                response = await client.post(f"{self.relay_to}{path}", json=request, headers={"Authorization": f"Bearer {self.relay_key}"})
+                try:
+                    return response.status_code, response.json()
+                except ValueError:
+                    return response.status_code, response.text
+        if self.mode == "slow":
+            await asyncio.sleep(self.delay_s)
+        if self.mode == "error":
+            return 500, {"error": {"message": "the engine crashed", "type": "server_error", "param": None, "code": None}}
+        if path.endswith("lora_adapter"):
+            return 200, "ok"
+        prompt = request["prompt"]
+        choices = []
+        for index in range(request.get("n", 1)):
+            tokens = [prompt[-1], 1, 2][: request.get("max_tokens") or 3]
+            choice: dict[str, Any] = {
+                "index": index, "text": "x", "finish_reason": "length",
+                "logprobs": {"tokens": ["x"] * len(tokens), "token_logprobs": [-0.25] * len(tokens)},
+            }
+            if self.mode != "no_ids":
+                choice.update(token_ids=tokens, prompt_token_ids=prompt)
+            choices.append(choice)
+        return 200, {"id": "cmpl-fake", "object": "text_completion", "model": request.get("model"), "choices": choices}
