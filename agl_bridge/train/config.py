@@ -90,6 +90,7 @@ class GRPOConfig:
     sampler_model: str | None = None
     sampler_timeout_s: float = 600.0
     adapter_dir: str | None = None
+    litellm_config: str | None = None
 
     def validate(self) -> None:
         """Raise ConfigError naming the first value out of range."""
@@ -124,6 +125,13 @@ class GRPOConfig:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.warm_start.steps < 0:
             raise ConfigError(f"warm_start.steps must be >= 0, got {self.warm_start.steps}")
+        if self.litellm_config is not None:
+            from agl_bridge.proxy.server import ProxyStartError, litellm_config
+
+            try:
+                litellm_config([], "check", Path(self.litellm_config))
+            except ProxyStartError as error:
+                raise ConfigError(f"litellm_config: {error}") from None
 
 
     def sampler_spec(self) -> SamplerSpec:
@@ -165,13 +173,13 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GR
         raise ConfigError(f"{path} does not parse: {error}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a mapping of settings")
-    config = config_from_dict({**raw, **(overrides or {})}, where=str(path))
+    merged = {**raw, **(overrides or {})}
     base = path.resolve().parent
-    for name in ("tasks", "eval_tasks", "offline_data", "adapter_dir"):
-        value = getattr(config, name)
-        if value and not Path(value).is_absolute():
-            setattr(config, name, str(base / value))
-    return config
+    for name in ("tasks", "eval_tasks", "offline_data", "adapter_dir", "litellm_config"):
+        value = merged.get(name)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            merged[name] = str(base / value)  # before validation, which may read the file
+    return config_from_dict(merged, where=str(path))
 
 
 def config_from_dict(raw: dict[str, Any], *, where: str = "config") -> GRPOConfig:

@@ -174,6 +174,7 @@ class GRPOTrainer:
             model_name=self._model_name(),
             port=0,
             default_max_tokens=self.config.default_max_tokens,
+            litellm_config_path=self.config.litellm_config,
         )
         try:
             proxy.start()

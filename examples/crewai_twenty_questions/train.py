@@ -7,7 +7,8 @@
 Defaults follow the published Tinker × Agent-lightning run: lr 1e-4, batch 16, group 16, LoRA rank
 16, the importance-sampling loss, seed 17. Tasks are the train split of the bundled entities; the
 held-out evaluation is the test split (40 entities), every --eval-every steps. The answerer is the
-offline deterministic one unless TWENTYQ_ANSWERER_MODEL says otherwise (see README.md).
+offline deterministic one unless TWENTYQ_ANSWERER_MODEL says otherwise; `--litellm-config FILE`
+routes it through the run's proxy (see README.md).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def build_config(args: argparse.Namespace):
         missing_reward="drop",
         seed=args.seed,
         tensorboard=not args.no_tensorboard,
+        litellm_config=args.litellm_config,
     )
 
 
@@ -70,6 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-eval", action="store_true", help="skip the held-out evaluations")
     parser.add_argument("--search", action="store_true", help="give the player the search tool (off by default: prompt cost)")
     parser.add_argument("--no-tensorboard", action="store_true")
+    parser.add_argument(
+        "--litellm-config", default=None, metavar="FILE",
+        help="LiteLLM config adding models to the run's proxy; with TWENTYQ_ANSWERER_VIA_PROXY=1 and "
+        "TWENTYQ_ANSWERER_MODEL naming one of them, the answerer is called through the proxy (recorded text-only)",
+    )
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --run-dir")
     return parser.parse_args(argv)
 

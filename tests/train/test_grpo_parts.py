@@ -50,6 +50,17 @@ def test_unreadable_config_is_a_clear_error(tmp_path: Path) -> None:
         load_config(tmp_path / "bad.toml")
 
 
+def test_a_litellm_config_is_resolved_next_to_the_run_config_and_checked(tmp_path: Path) -> None:
+    (tmp_path / "judges.yaml").write_text("model_list:\n  - model_name: judge\n    litellm_params: {model: openai/judge}\n")
+    (tmp_path / "run.toml").write_text('agent = "a.py:f"\ntasks = "t.jsonl"\nlitellm_config = "judges.yaml"\n')
+    assert load_config(tmp_path / "run.toml").litellm_config == str(tmp_path / "judges.yaml")
+    (tmp_path / "broken.yaml").write_text("model_list: 3\n")
+    with pytest.raises(ConfigError, match="litellm_config: model_list in .* must be a list"):
+        config_from_dict({"litellm_config": str(tmp_path / "broken.yaml")})
+    with pytest.raises(ConfigError, match="litellm_config: cannot read the LiteLLM config"):
+        config_from_dict({"litellm_config": str(tmp_path / "missing.yaml")})
+
+
 def test_schedule_is_deterministic_and_covers_each_epoch_once() -> None:
     schedule = TaskSchedule(list(range(10)), batch_size=4, seed=3)
     steps = [schedule.for_step(k) for k in range(5)]  # 20 positions = exactly two epochs
