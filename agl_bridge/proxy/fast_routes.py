@@ -14,6 +14,11 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.routing import BaseRoute
 
+NO_NATIVE_TELEMETRY = {"tracing": False, "metrics": False, "logs": False}
+"""FastAPI's `telemetry=` settings for every app the proxy serves: the proxy records its own spans,
+and FastAPI's per-request spans would loop into `/v1/traces` once an agent in the same process
+installs a TracerProvider."""
+
 ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
 
@@ -23,7 +28,7 @@ class FastRoutes:
     def __init__(self, app: ASGIApp, routes: Iterable[BaseRoute]) -> None:
         self.app = app
         self.fast = FastAPI(
-            openapi_url=None, docs_url=None, redoc_url=None, telemetry={"tracing": False, "metrics": False, "logs": False}
+            openapi_url=None, docs_url=None, redoc_url=None, telemetry=NO_NATIVE_TELEMETRY
         )
         self.paths: set[str] = set()
         for route in routes:

@@ -32,7 +32,7 @@ from agl_bridge.proxy.adapters import AdapterRegistry, make_adapter_router
 from agl_bridge.proxy.affinity import AffinityMiddleware
 from agl_bridge.proxy.completions import make_completions_router
 from agl_bridge.proxy.errors import RequestError
-from agl_bridge.proxy.fast_routes import FastRoutes
+from agl_bridge.proxy.fast_routes import NO_NATIVE_TELEMETRY, FastRoutes
 from agl_bridge.proxy.error_handlers import install_error_handlers
 from agl_bridge.proxy.litellm_patches import patch_litellm
 from agl_bridge.proxy.gateway import Gateway
@@ -322,10 +322,6 @@ class ProxyServer:
         return fast
 
 
-_NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False}
-"""FastAPI's `telemetry=` settings for the apps the proxy serves (see `_without_native_telemetry`)."""
-
-
 def _without_native_telemetry(app: Any) -> None:
     """Stop FastAPI (0.165+) from tracing each request of `app` into the global TracerProvider.
 
@@ -337,7 +333,7 @@ def _without_native_telemetry(app: Any) -> None:
     """
     settings = getattr(app, "_telemetry", None)
     if isinstance(settings, dict):
-        settings.update(_NO_TELEMETRY)
+        settings.update(NO_NATIVE_TELEMETRY)
 
 
 def wait_until_healthy(base_url: str, timeout: float = 60.0) -> None:
