@@ -147,6 +147,10 @@ HEADER_ATTEMPT_ID: Final = "x-attempt-id"
 HEADER_AGENT_NAME: Final = "x-agent-name"
 """Request header naming the agent that made a call (multi-agent rollouts choose which train)."""
 
+HEADER_RECORDED_UPSTREAM: Final = "x-agl-recorded-upstream"
+"""Request header a `RemoteSampler` sends on `/v1/completions`: whoever called the sampler (a proxy)
+records the call, so an `agl-bridge serve` sampling for it does not store a second, unattributed copy."""
+
 PATH_PARAM_ROLLOUT_ID: Final = "rollout_id"
 """Name of the rollout path parameter in `/rollout/{rollout_id}/attempt/{attempt_id}/v1/...` routes."""
 

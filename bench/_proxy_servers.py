@@ -68,7 +68,7 @@ def _instant_sampler(tokenizer: Any, codec: Any) -> Any:
 
 
 def _instant_custom_llm() -> Any:
-    """The baseline's provider: a CustomLLM that fills in a fixed answer and nothing else."""
+    """The fixed-text baseline's provider: a CustomLLM that fills in a fixed answer and nothing else."""
     from litellm import CustomLLM
     from litellm.types.utils import Choices, Message, ModelResponse, Usage
 
@@ -86,6 +86,46 @@ def _instant_custom_llm() -> Any:
             return model_response
 
     return InstantLLM()
+
+
+def _sampler_custom_llm() -> Any:
+    """The baseline's provider: the InstantSampler behind a minimal CustomLLM, with no tracing or store.
+
+    It does what any provider over a token sampler must: render the chat template and tokenize
+    (`ChatCodec.encode_prompt`), sample, detokenize (`ChatCodec.decode_response`), and report usage.
+    None of ours: no gateway, rollout routing, request validation, recording or spans.
+    """
+    from litellm import CustomLLM
+    from litellm.types.utils import Choices, Message, ModelResponse, Usage
+
+    from agl_bridge.chat import ChatCodec
+    from agl_bridge.models.loading import load_tokenizer
+    from agl_bridge.sampler.base import SamplingParams
+
+    codec = ChatCodec(load_tokenizer("tiny"))
+    sampler = _instant_sampler(codec.tokenizer, codec)
+
+    class SamplerLLM(CustomLLM):
+        async def acompletion(self, model: str, messages: list, api_base: Any, custom_prompt_dict: Any,
+                              model_response: ModelResponse, print_verbose: Any, encoding: Any, api_key: Any,
+                              logging_obj: Any, optional_params: dict, acompletion: Any = None,
+                              litellm_params: dict | None = None, logger_fn: Any = None, headers: Any = None,
+                              timeout: Any = None, client: Any = None) -> ModelResponse:
+            prompt = codec.encode_prompt(messages)
+            params = SamplingParams(max_tokens=optional_params.get("max_tokens"))
+            sequence = (await sampler.sample_async(prompt.token_ids, params)).sequences[0]
+            message = codec.decode_response(sequence.tokens, sequence.stop_reason)
+            model_response.choices = [
+                Choices(index=0, message=Message(content=message.content, role="assistant"), finish_reason=message.finish_reason)
+            ]
+            model_response.model = model
+            prompt_tokens, completion_tokens = len(prompt.token_ids), len(sequence.tokens)
+            model_response.usage = Usage(
+                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
+            )
+            return model_response
+
+    return SamplerLLM()
 
 
 # ------------------------------------------------------------------------------------ servers
@@ -112,8 +152,9 @@ def _profiled(run: Any, profile_path: str | None) -> None:
         profiler.dump_stats(profile_path)
 
 
-def serve_bare(port: int, api_key: str, profile_path: str | None = None) -> None:
-    """LiteLLM's proxy with the instant CustomLLM, configured and served like ProxyServer does."""
+def serve_bare(port: int, api_key: str, profile_path: str | None = None, *, fixed_text: bool = False) -> None:
+    """LiteLLM's proxy over the InstantSampler (or, `fixed_text`, a fixed answer), configured and
+    served like ProxyServer does."""
     import litellm
     import uvicorn
     import yaml
@@ -123,7 +164,8 @@ def serve_bare(port: int, api_key: str, profile_path: str | None = None) -> None
     from agl_bridge.proxy.server import bind_socket, litellm_config
 
     sock = bind_socket("127.0.0.1", port)
-    litellm.custom_provider_map = [{"provider": PROVIDER_NAME, "custom_handler": _instant_custom_llm()}]
+    handler = _instant_custom_llm() if fixed_text else _sampler_custom_llm()
+    litellm.custom_provider_map = [{"provider": PROVIDER_NAME, "custom_handler": handler}]
     custom_llm_setup()
     config_dir = tempfile.mkdtemp(prefix="agl-bench-bare-")
     config_path = Path(config_dir) / "litellm_config.yaml"
@@ -304,7 +346,7 @@ def main(argv: list[str]) -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--serve", choices=["bare", "traced", "hf"])
+    parser.add_argument("--serve", choices=["bare", "bare_fixed", "traced", "hf"])
     parser.add_argument("--inprocess", action="store_true")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--key", default="sk-agl-bench")
@@ -322,8 +364,8 @@ def main(argv: list[str]) -> None:
     # (and a profile gets written). Before uvicorn serves, the benchmark's SIGKILL fallback applies.
     signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        if args.serve == "bare":
-            serve_bare(args.port, args.key, args.profile)
+        if args.serve in ("bare", "bare_fixed"):
+            serve_bare(args.port, args.key, args.profile, fixed_text=args.serve == "bare_fixed")
         else:
             serve_traced(args.port, args.key, "instant" if args.serve == "traced" else "hf", args.profile, args.threads)
     except KeyboardInterrupt:

@@ -5,7 +5,9 @@ It is the token-level protocol remote samplers speak: `prompt` is a list of ids 
 list of either), and with `"return_token_ids": true` each choice carries `prompt_token_ids` and
 `token_ids`. vLLM extensions `top_k`, `stop_token_ids`, `ignore_eos` and `prompt_logprobs` (each
 prompt token's raw logprob, as vLLM answers it) are accepted. Every choice is recorded like a chat
-call, with no messages. `model` may also name a LoRA adapter loaded with `/v1/load_lora_adapter`.
+call, with no messages, unless the request says its caller records it (a `RemoteSampler` in another
+proxy sends `x-agl-recorded-upstream`). `model` may also name a LoRA adapter loaded with
+`/v1/load_lora_adapter`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from agl_bridge import semconv
 from agl_bridge.proxy.errors import RequestError, error_body
 from agl_bridge.proxy.service import ChatService, route_of_headers
 from agl_bridge.sampler.base import ContextLengthError, SamplingParamError, SamplingParams
@@ -41,7 +44,8 @@ def make_completions_router(service_for: Callable[[str], ChatService]) -> APIRou
             return _error(RequestError("the request body must be a JSON object", "request_body"))
         try:
             service = service_for(str(body.get("model", "")))
-            return JSONResponse(await _complete(service, body, route_of_headers(request.headers)))
+            record = semconv.HEADER_RECORDED_UPSTREAM not in request.headers
+            return JSONResponse(await _complete(service, body, route_of_headers(request.headers), record=record))
         except RequestError as error:
             return _error(error)
         except RemoteSamplerError as error:  # this server samples remotely and no remote server could
@@ -54,7 +58,7 @@ def make_completions_router(service_for: Callable[[str], ChatService]) -> APIRou
     return router
 
 
-async def _complete(service: ChatService, body: dict[str, Any], route: Any) -> dict[str, Any]:
+async def _complete(service: ChatService, body: dict[str, Any], route: Any, *, record: bool) -> dict[str, Any]:
     started = time.time()
     prompts = _prompts(service, body.get("prompt"))
     params = _params(service, body)
@@ -75,9 +79,10 @@ async def _complete(service: ChatService, body: dict[str, Any], route: Any) -> d
             sampled = await service.sampler.sample_async(prompt_ids, params, n)
         except ContextLengthError as error:
             raise RequestError(str(error), "prompt", code="context_length_exceeded") from None
-        await service.recorder.record_completion(
-            route, model=service.model_name, prompt_token_ids=prompt_ids, sampled=sampled, started=started, tokenizer=tokenizer
-        )
+        if record:
+            await service.recorder.record_completion(
+                route, model=service.model_name, prompt_token_ids=prompt_ids, sampled=sampled, started=started, tokenizer=tokenizer
+            )
         prompt_total += len(prompt_ids)
         scored = None if prompt_logprobs is None else await _prompt_logprobs(service, prompt_ids)
         for sequence in sampled.sequences:

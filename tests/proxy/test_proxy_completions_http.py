@@ -8,6 +8,8 @@ import httpx
 import pytest
 from proxy_helpers import MODEL, auth, new_id, stored_calls
 
+from agl_bridge import semconv
+
 
 def _post(server: Any, body: dict[str, Any], rollout_id: str | None = None) -> httpx.Response:
     headers = auth(server)
@@ -66,6 +68,20 @@ def test_several_prompts_and_n_give_every_choice(proxy_server: Any) -> None:
         ((5, 6, 7), 0), ((5, 6, 7), 1), ((8, 9), 0), ((8, 9), 1)
     ]
     assert sorted(tuple(c.response_token_ids) for c in calls) == sorted(tuple(c["token_ids"]) for c in choices)
+
+
+def test_a_call_its_caller_records_is_served_but_not_stored_twice(proxy_server: Any) -> None:
+    # A RemoteSampler in a front proxy sends this header: the front stores the call, with its messages
+    # and rollout, so this server serving the tokens must not store a second copy.
+    rid = new_id("upstream")
+    headers = auth(proxy_server) | {"x-rollout-id": rid, semconv.HEADER_RECORDED_UPSTREAM: "1"}
+    body = {"model": MODEL, "prompt": [21, 22, 23], "max_tokens": 3, "return_token_ids": True}
+    response = httpx.post(f"{proxy_server.base_url}/v1/completions", json=body, headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["token_ids"]
+    assert stored_calls(proxy_server, rid) == []
+    assert _post(proxy_server, body, rid).status_code == 200  # without the header: stored as usual
+    assert len(stored_calls(proxy_server, rid)) == 1
 
 
 def test_stop_token_ids_and_ignore_eos_reach_the_sampler(proxy_server: Any) -> None:

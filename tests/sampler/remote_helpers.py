@@ -104,6 +104,7 @@ class FakeServer:
     relay_to: str | None = None
     relay_key: str | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
     port: int = 0
 
     def __post_init__(self) -> None:
@@ -139,6 +140,7 @@ class FakeServer:
                 break
         request = json.loads(body or b"{}")
         self.requests.append({"path": scope["path"], **request})
+        self.headers.append({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
         status, answer = await self._answer(scope["path"], request)
         payload = json.dumps(answer).encode()
         await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})

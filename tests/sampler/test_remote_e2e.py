@@ -17,6 +17,8 @@ import openai
 import pytest
 from remote_helpers import KEY, FakeServer, ServeSubprocess
 
+from agl_bridge import semconv
+
 pytestmark = pytest.mark.slow
 
 
@@ -67,6 +69,8 @@ def test_chat_through_the_front_gets_and_records_the_second_servers_exact_ids(fr
     token_ids = reply.choices[0].model_extra["token_ids"]
     sent = [r for relay in relays for r in relay.requests if r.get("prompt") == prompt_ids]
     assert len(sent) == 1 and sent[0]["seed"] == 7 and sent[0]["return_token_ids"] is True
+    sent_headers = [h for relay in relays for r, h in zip(relay.requests, relay.headers) if r.get("prompt") == prompt_ids]
+    assert sent_headers[0].get(semconv.HEADER_RECORDED_UPSTREAM) == "1", "the front records the call, not the sampler server"
     direct = httpx.post(
         f"{remote_target.url}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
         json={k: v for k, v in sent[0].items() if k != "path"},
