@@ -1,14 +1,15 @@
 """The processes `bench/proxy.py` starts: the proxies it times over HTTP, and the in-process timing.
 
 LiteLLM's proxy keeps its state in module globals, so every proxy variant runs in a process of its
-own (`python bench/proxy.py --serve bare|traced|hf --port N --key K`; port 0, the default, picks
+own (`python bench/proxy.py --serve bare|bare_fixed|traced|hf --port N --key K`; port 0, the default, picks
 a free one), and the in-process measurement (a) runs in one too (`--inprocess`), so the
 benchmark's own process never imports LiteLLM. Every server prints `READY <port>` on stdout once it
 answers, and stops on SIGTERM.
 
-bare:   LiteLLM's proxy app with a minimal instant `CustomLLM` (a fixed answer; no tokenizer,
-        store, gateway or routes of ours), configured like ours (`litellm_config`) and served by
-        uvicorn with the same settings: the baseline.
+bare:   LiteLLM's proxy app over the InstantSampler through a minimal `CustomLLM` (chat template,
+        sample, detokenize; no store, gateway or routes of ours), configured like ours
+        (`litellm_config`) and served by uvicorn with the same settings: the baseline.
+bare_fixed: the same with a `CustomLLM` that returns a fixed text (no tokenizer).
 traced: `ProxyServer` (gateway, our routes and callbacks, chat-template encoding, durable
         recording into a SQLite store) over an `InstantSampler`.
 hf:     `ProxyServer` over `HFSampler` with the tiny model, for throughput.
@@ -267,7 +268,7 @@ async def _inprocess(requests: int, warmup: int) -> dict[str, Any]:
             provider.register(service)
             litellm.custom_provider_map = [
                 {"provider": PROVIDER_NAME, "custom_handler": provider},
-                {"provider": _BARE_PROVIDER, "custom_handler": _instant_custom_llm()},
+                {"provider": _BARE_PROVIDER, "custom_handler": _sampler_custom_llm()},
             ]
             custom_llm_setup()
             route = RolloutRoute()

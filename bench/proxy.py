@@ -3,14 +3,21 @@
 (a) `in_process`: a short non-streaming chat completion through `litellm.acompletion("agl/instant")`
     with our `AglProvider` over a `ChatService` (InstantSampler, recording into a temp SQLiteStore);
     no HTTP. Also `ChatService.complete` alone (the same work without LiteLLM).
-(b) `bare_http`: LiteLLM's proxy with a minimal instant CustomLLM (fixed answer; no tokenizer, store,
-    gateway or routes of ours), same LiteLLM config and uvicorn settings as ours: the baseline.
-(c) `traced_http`: `ProxyServer` over an InstantSampler: gateway, chat-template encoding, recording
-    with durable commit. `traced_http_rollout` is the same through `/rollout/{id}/attempt/{id}/v1`
-    (path rewrite, token cache). `c_minus_b_p50_ms` is the overhead we promise to keep <= 1 ms.
+(b) `bare_http`: LiteLLM's proxy over the same instant backend (the InstantSampler behind a minimal
+    CustomLLM that renders the chat template, samples and detokenizes, as any provider over a token
+    sampler must), with nothing of ours: no gateway, routes, validation, recording or spans; same
+    LiteLLM config and uvicorn settings. The baseline of the bound. `bare_fixed_text_http` is
+    LiteLLM's proxy with a CustomLLM that returns a fixed text (no tokenizer at all), for reference.
+(c) `traced_http`: `ProxyServer` over an InstantSampler: gateway, request validation, chat-template
+    encoding, recording with durable commit. `traced_http_rollout` is the same through
+    `/rollout/{id}/attempt/{id}/v1` (path rewrite, token cache). `c_minus_b_p50_ms` is what our
+    tracing + store add, promised <= 1 ms; `c_minus_fixed_text_*` what everything of ours adds,
+    the chat template and detokenizing included.
     (b) and (c) are timed with keep-alive httpx clients, sequential requests, in alternating blocks
-    so that background load hits both alike; each server's CPU time per request is reported too
-    (steadier than wall-clock latency on a shared machine), and its RSS after the run.
+    so that background load hits all alike, each block on the next of `--replicas` processes of
+    that kind (one process's memory layout can move its latency by a few tenths of a millisecond);
+    each kind's CPU time per request is reported too (steadier than wall-clock latency on a shared
+    machine), and its RSS after the run.
 (d) `throughput`: aggregate completion tokens/s through our proxy with the tiny model (HFSampler),
     64 max_tokens at temperature 1, 1 client vs 16 concurrent clients (httpx async), each client
     making `--hf-rounds` requests back to back; median of `--hf-repeats` runs. The chat route always
@@ -24,12 +31,12 @@
 Every server runs in its own subprocess (LiteLLM's proxy is a process-wide singleton) on
 127.0.0.1 and a free port, and is stopped (SIGTERM, then SIGKILL) before this exits.
 
-    .venv/bin/python bench/proxy.py [--requests 500] [--warmup 50] [--block 50] [--store-records 20000]
+    .venv/bin/python bench/proxy.py [--requests 500] [--warmup 50] [--block 50] [--replicas 2] [--store-records 20000]
                                     [--hf-repeats 3] [--hf-rounds 4] [--threads N] [--skip-hf] [--profile DIR]
 
 `--profile DIR` runs the bare and traced servers under cProfile from the end of the warm-up on and
 writes DIR/{bare,traced}.prof (latencies measured so are inflated; compare the profiles).
-The servers alone: `bench/proxy.py --serve bare|traced|hf [--port N] [--key K]` (prints READY <port>).
+The servers alone: `bench/proxy.py --serve bare|bare_fixed|traced|hf [--port N] [--key K]` (prints READY <port>).
 """
 
 from __future__ import annotations
@@ -165,25 +172,30 @@ def _chat_body(model: str) -> bytes:
 
 
 def time_latency(
-    targets: dict[str, tuple[Server, str]], requests: int, warmup: int, block: int, *, profiling: bool = False
+    targets: dict[str, tuple[list[Server], str]], requests: int, warmup: int, block: int, *, profiling: bool = False
 ) -> dict[str, dict[str, Any]]:
     """Sequential keep-alive requests to each target, in alternating blocks of `block` requests.
 
-    `targets` maps a name to (server, path). Returns each target's latency summary, the server's
-    CPU time per request over the measured phase (all targets of one server counted together)
-    and the block-by-block p50s. With `profiling`, each server is told (SIGUSR1) to start its
-    profiler after the warm-up.
+    `targets` maps a name to (its server replicas, path); a target's blocks go to its replicas in
+    turn, so that one process's luck (memory layout, hash seed) does not decide the figure.
+    Returns each target's latency summary, its servers' CPU time per request over the measured
+    phase (all targets of one server counted together) and the block-by-block p50s. With
+    `profiling`, each server is told (SIGUSR1) to start its profiler after the warm-up.
     """
     import httpx
 
     headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
-    clients = {name: httpx.Client(base_url=server.base_url, headers=headers, timeout=30) for name, (server, _) in targets.items()}
+    clients = {
+        (name, i): httpx.Client(base_url=server.base_url, headers=headers, timeout=30)
+        for name, (replicas, _) in targets.items()
+        for i, server in enumerate(replicas)
+    }
     body = _chat_body(INSTANT_MODEL)
 
-    def one(name: str) -> float:
+    def one(name: str, replica: int) -> float:
         path = targets[name][1]
         t0 = time.perf_counter()
-        response = clients[name].post(path, content=body)
+        response = clients[name, replica].post(path, content=body)
         elapsed = (time.perf_counter() - t0) * 1e3
         if response.status_code != 200:
             raise RuntimeError(f"{name}: HTTP {response.status_code}: {response.text[:500]}")
@@ -192,11 +204,12 @@ def time_latency(
             raise RuntimeError(f"{name}: unexpected answer {content!r}")
         return elapsed
 
+    servers = {id(server): server for replicas, _ in targets.values() for server in replicas}
+    served: dict[int, int] = dict.fromkeys(servers, 0)
     try:
-        for name in targets:
+        for (name, replica) in clients:
             for _ in range(warmup):
-                one(name)
-        servers = {id(server): server for server, _ in targets.values()}
+                one(name, replica)
         if profiling:
             for server in servers.values():
                 server.proc.send_signal(signal.SIGUSR1)
@@ -204,24 +217,24 @@ def time_latency(
         cpu0 = {key: server.cpu_seconds() for key, server in servers.items()}
         timings: dict[str, list[float]] = {name: [] for name in targets}
         block_p50: dict[str, list[float]] = {name: [] for name in targets}
-        for _ in range(-(-requests // block)):
-            for name in targets:
-                times = [one(name) for _ in range(min(block, requests - len(timings[name])))]
+        for index in range(-(-requests // block)):
+            for name, (replicas, _) in targets.items():
+                replica = index % len(replicas)
+                times = [one(name, replica) for _ in range(min(block, requests - len(timings[name])))]
+                served[id(replicas[replica])] += len(times)
                 timings[name].extend(times)
                 block_p50[name].append(statistics.median(times))
         cpu = {key: server.cpu_seconds() - cpu0[key] for key, server in servers.items()}
     finally:
         for client in clients.values():
             client.close()
-    per_server_requests: dict[int, int] = {}
-    for server, _ in targets.values():
-        per_server_requests[id(server)] = per_server_requests.get(id(server), 0) + requests
     out = {}
-    for name, (server, path) in targets.items():
+    for name, (replicas, path) in targets.items():
+        ids = {id(server) for server in replicas}
         out[name] = {
             "path": path,
             **latency_summary(timings[name]),
-            "server_cpu_ms_per_request": round(1e3 * cpu[id(server)] / per_server_requests[id(server)], 3),
+            "server_cpu_ms_per_request": round(1e3 * sum(cpu[i] for i in ids) / sum(served[i] for i in ids), 3),
             "block_p50s_ms": [round(v, 3) for v in block_p50[name]],
         }
     return out
@@ -353,44 +366,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     profile = {kind: str(Path(args.profile) / f"{kind}.prof") for kind in ("bare", "traced")} if args.profile else {}
     servers: list[Server] = []
     try:
-        bare = Server("bare", profile.get("bare"))
-        servers.append(bare)
-        traced = Server("traced", profile.get("traced"))
-        servers.append(traced)
+        replicas: dict[str, list[Server]] = {}
+        for kind in ("bare", "bare_fixed", "traced"):
+            replicas[kind] = [
+                Server(kind, profile.get(kind) if i == 0 else None) for i in range(args.replicas)
+            ]
+            servers += replicas[kind]
         hf = None
         if not args.skip_hf:
             hf = Server("hf", extra_args=("--threads", str(args.threads)) if args.threads else ())
             servers.append(hf)
         for server in servers:
             server.wait_ready()
-        rss_before = {"bare": bare.rss_mib(), "traced": traced.rss_mib()}
+        rss_before = {kind: replicas[kind][0].rss_mib() for kind in ("bare", "traced")}
         latency = time_latency(
             {
-                "bare_http": (bare, "/v1/chat/completions"),
-                "traced_http": (traced, "/v1/chat/completions"),
-                "traced_http_rollout": (traced, f"{ROLLOUT_PREFIX}/v1/chat/completions"),
+                "bare_http": (replicas["bare"], "/v1/chat/completions"),
+                "bare_fixed_text_http": (replicas["bare_fixed"], "/v1/chat/completions"),
+                "traced_http": (replicas["traced"], "/v1/chat/completions"),
+                "traced_http_rollout": (replicas["traced"], f"{ROLLOUT_PREFIX}/v1/chat/completions"),
             },
             args.requests,
             args.warmup,
             args.block,
             profiling=bool(args.profile),
         )
-        latency["bare_http"]["rss_mib_before"] = rss_before["bare"]
-        latency["bare_http"]["rss_mib_after"] = bare.rss_mib()
-        latency["traced_http"]["rss_mib_before"] = rss_before["traced"]
-        latency["traced_http"]["rss_mib_after"] = traced.rss_mib()
+        for kind, name in (("bare", "bare_http"), ("traced", "traced_http")):
+            latency[name]["rss_mib_before"] = rss_before[kind]
+            latency[name]["rss_mib_after"] = replicas[kind][0].rss_mib()
         result.update(latency)
-        b, c = latency["bare_http"], latency["traced_http"]
-        result["c_minus_b_p50_ms"] = round(c["p50_ms"] - b["p50_ms"], 3)
-        result["c_minus_b_median_of_block_p50s_ms"] = round(
-            statistics.median(x - y for x, y in zip(c["block_p50s_ms"], b["block_p50s_ms"], strict=True)), 3
-        )
-        result["c_minus_b_server_cpu_ms_per_request"] = round(
-            c["server_cpu_ms_per_request"] - b["server_cpu_ms_per_request"], 3
-        )
+        result["replicas"] = args.replicas
+        for label, baseline in (("c_minus_b", "bare_http"), ("c_minus_fixed_text", "bare_fixed_text_http")):
+            b, c = latency[baseline], latency["traced_http"]
+            result[f"{label}_p50_ms"] = round(c["p50_ms"] - b["p50_ms"], 3)
+            result[f"{label}_median_of_block_p50s_ms"] = round(
+                statistics.median(x - y for x, y in zip(c["block_p50s_ms"], b["block_p50s_ms"], strict=True)), 3
+            )
+            result[f"{label}_server_cpu_ms_per_request"] = round(
+                c["server_cpu_ms_per_request"] - b["server_cpu_ms_per_request"], 3
+            )
         result["target_c_minus_b_p50_ms"] = 1.0
-        bare.stop()
-        traced.stop()
+        for server in servers:
+            if server is not hf:
+                server.stop()
         if hf is not None:
             result["throughput"] = time_throughput(hf, args.hf_repeats, args.hf_rounds)
             hf.stop()
@@ -414,6 +432,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500, help="measured requests per latency target")
     parser.add_argument("--warmup", type=int, default=50, help="warm-up requests per latency target")
     parser.add_argument("--block", type=int, default=50, help="requests per target before switching target")
+    parser.add_argument("--replicas", type=int, default=2, help="server processes of each kind the latency blocks rotate over")
     parser.add_argument("--hf-repeats", type=int, default=3, help="median of this many throughput runs")
     parser.add_argument("--hf-rounds", type=int, default=4, help="requests each throughput client makes per run")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads of the (d) server (default: torch's)")

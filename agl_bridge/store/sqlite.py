@@ -33,7 +33,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -91,8 +90,8 @@ class SQLiteStore:
     synchronous: "NORMAL" (default; survives process crashes) or "FULL" (also power loss).
     busy_timeout_s: how long a write waits for another process's write lock before failing with
       StoreWriteError.
-    max_pending: most writes queued for commit; further writers wait (backpressure). At most
-      `max_pending + 2 * max_batch` records are held in memory (queue, batch committing, next batch).
+    max_pending: most writes held in memory (queued or being committed); further writers wait
+      (backpressure).
     max_batch: most writes committed in one transaction.
     read_page_size: rows fetched per query while streaming.
     max_db_bytes: optional size cap; writes past it fail with StoreWriteError ("database or disk
@@ -129,7 +128,6 @@ class SQLiteStore:
             max_db_bytes=max_db_bytes,
             created_by=f"agl_bridge {__version__}",
         )
-        self._executor: ThreadPoolExecutor | None = None
         self._committer: GroupCommitter[WriteOp] | None = None
         self._reader: aiosqlite.Connection | None = None
 
@@ -140,29 +138,26 @@ class SQLiteStore:
         if self._committer is not None:
             return
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        loop = asyncio.get_running_loop()
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agl-store-writer")
+        committer: GroupCommitter[WriteOp] = GroupCommitter(
+            self._writer.apply_batch,
+            max_pending=self._max_pending,
+            max_batch=self._max_batch,
+            setup=self._writer.connect,
+            teardown=self._writer.close,
+            name=f"store {self.path}",
+        )
+        await committer.start()  # opens the write connection on the writer thread
         reader: aiosqlite.Connection | None = None
         try:
-            await loop.run_in_executor(executor, self._writer.connect)
             reader = await aiosqlite.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
             await reader.execute("PRAGMA query_only = ON")
         except BaseException:
             if reader is not None:
                 await reader.close()
-            await loop.run_in_executor(executor, self._writer.close)
-            executor.shutdown(wait=True)
+            await committer.close()
             raise
-        self._executor = executor
         self._reader = reader
-        self._committer = GroupCommitter(
-            self._writer.apply_batch,
-            executor,
-            max_pending=self._max_pending,
-            max_batch=self._max_batch,
-            name=f"store {self.path}",
-        )
-        self._committer.start()
+        self._committer = committer
 
     async def close(self) -> None:
         """Commit every submitted write, then close both connections and the writer thread."""
@@ -173,10 +168,6 @@ class SQLiteStore:
         if self._reader is not None:
             await self._reader.close()
             self._reader = None
-        if self._executor is not None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._writer.close)
-            self._executor.shutdown(wait=True)
-            self._executor = None
 
     async def __aenter__(self) -> SQLiteStore:
         """Open the store and return it."""
@@ -191,7 +182,7 @@ class SQLiteStore:
 
     @property
     def pending_writes(self) -> int:
-        """Writes held in memory awaiting commit (at most max_pending + 2 * max_batch)."""
+        """Writes held in memory awaiting commit (at most max_pending)."""
         return 0 if self._committer is None else self._committer.pending
 
     @property

@@ -1,6 +1,6 @@
 """The write side of the SQLite store: one connection on one thread, one transaction per batch.
 
-`SQLiteWriter` is used only from the store's single writer thread (via `GroupCommitter`). A batch
+`SQLiteWriter` is used only from the store's single writer thread (`GroupCommitter` runs it). A batch
 is applied as: BEGIN IMMEDIATE → state-machine operations (each in a SAVEPOINT, so one illegal
 transition fails only its own caller) → sequence allocation (one SELECT of the counters of every
 (rollout, attempt) in the batch, one executemany writing them back) → one executemany per record
