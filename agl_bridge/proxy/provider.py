@@ -30,7 +30,7 @@ from litellm.types.utils import (
 from agl_bridge.chat import PromptEncoding, ToolCall
 from agl_bridge.proxy.errors import RequestError, sampler_unavailable_error, store_unavailable_error, to_litellm_error
 from agl_bridge.proxy.service import ChatRequest, ChatResult, ChatService, RolloutRoute, route_of_headers
-from agl_bridge.proxy.streaming import StreamDelta
+from agl_bridge.proxy.streaming import FinalPiece, StreamDelta
 from agl_bridge.sampler.remote_errors import RemoteSamplerError
 from agl_bridge.store.errors import StoreError
 
@@ -127,7 +127,11 @@ async def _stream_chunks(
     service: ChatService, request: ChatRequest, route: RolloutRoute, model: str
 ) -> AsyncIterator[ModelResponseStream]:
     """SSE chunks. Each choice's newest delta is held back one step so that its last chunk has
-    content to carry finish_reason and usage (LiteLLM drops a trailing chunk without content)."""
+    content to carry finish_reason and usage (LiteLLM drops a trailing chunk without content).
+
+    With `top_logprobs`, a choice's content is held back whole and sent in its last chunk: the
+    alternatives are scored once sampling has ended, and every token's entry must carry them.
+    """
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     prompt_ids: list[int] | None = None
@@ -151,33 +155,46 @@ async def _stream_chunks(
         if isinstance(item, PromptEncoding):
             prompt_ids = list(item.token_ids) if request.return_token_ids else None
         elif isinstance(item, StreamDelta):
-            previous, held[item.index] = held.get(item.index), item
+            previous = held.get(item.index)
+            if previous is not None and request.top_logprobs:
+                held[item.index] = _joined(previous, item)
+                continue
+            held[item.index] = item
             if previous is not None:
                 yield make_chunk(_streaming_choice(service, request, previous))
         else:
             last = len(item.choices) - 1
             for position, (choice, piece) in enumerate(zip(item.choices, item.final_pieces, strict=True)):
                 before = held.pop(choice.index, None) or StreamDelta(choice.index, "", [], [])
-                delta = StreamDelta(
-                    choice.index,
-                    before.text + piece.text,
-                    before.token_ids + piece.token_ids,
-                    before.logprobs + piece.logprobs,
-                )
                 final = _streaming_choice(
-                    service, request, delta, tool_calls=_tool_call_deltas(piece.message.tool_calls) or None
+                    service,
+                    request,
+                    _joined(before, piece),
+                    tool_calls=_tool_call_deltas(piece.message.tool_calls) or None,
+                    top=choice.top_logprobs if request.top_logprobs else None,
                 )
                 final.finish_reason = choice.message.finish_reason
                 yield make_chunk(final, usage=_usage(item) if position == last else None)
 
 
+def _joined(before: StreamDelta, after: StreamDelta | FinalPiece) -> StreamDelta:
+    return StreamDelta(
+        before.index, before.text + after.text, before.token_ids + after.token_ids, before.logprobs + after.logprobs
+    )
+
+
 def _streaming_choice(
-    service: ChatService, request: ChatRequest, delta: StreamDelta, tool_calls: list[dict[str, Any]] | None = None
+    service: ChatService,
+    request: ChatRequest,
+    delta: StreamDelta,
+    tool_calls: list[dict[str, Any]] | None = None,
+    top: list[list[tuple[int, float]]] | None = None,
 ) -> StreamingChoices:
+    """A chunk's choice; `top` (one list of alternatives per token of `delta`) fills `top_logprobs`."""
     out = StreamingChoices(
         index=delta.index,
         delta=Delta(role="assistant", content=delta.text, tool_calls=tool_calls),
-        logprobs=_logprobs(service, delta.token_ids, delta.logprobs, None) if request.logprobs else None,
+        logprobs=_logprobs(service, delta.token_ids, delta.logprobs, top) if request.logprobs else None,
     )
     if request.return_token_ids:
         out.token_ids = list(delta.token_ids)

@@ -205,22 +205,22 @@ def test_streamed_logprobs_are_the_recorded_sampler_logprobs(proxy_server: Any) 
     assert streamed == call.response_logprobs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="streamed chunks are built before top_logprobs are scored (after sampling), so a stream "
-    "asking for top_logprobs gets empty lists; the scoring pass still runs and its result is dropped",
-)
-def test_streamed_top_logprobs_are_not_silently_empty(proxy_server: Any) -> None:
+def test_streamed_top_logprobs_are_filled_and_match_the_plain_response(proxy_server: Any, tiny_tokenizer: Any) -> None:
+    # Alternatives are scored once sampling has ended, so such a stream sends its content in the last chunk.
     rid = new_id("streamtop")
+    request = {"model": MODEL, "messages": _ask(rid), "max_tokens": 4, "logprobs": True, "top_logprobs": 2, "seed": 5}
     with _client(proxy_server, rid) as client:
-        chunks = list(
-            client.chat.completions.create(
-                model=MODEL, messages=_ask(rid), max_tokens=4, logprobs=True, top_logprobs=2, stream=True
-            )
-        )
+        chunks = list(client.chat.completions.create(**request, stream=True))
+        plain = client.chat.completions.create(**request)
+    (call, _) = stored_calls(proxy_server, rid)
     entries = [entry for c in chunks if c.choices and c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
-    assert len(entries) == len(stored_calls(proxy_server, rid)[0].response_token_ids)
+    assert [entry.logprob for entry in entries] == call.response_logprobs
+    assert [entry.token for entry in entries] == [tiny_tokenizer.decode([t]) for t in call.response_token_ids]
     assert all(len(entry.top_logprobs) == 2 for entry in entries)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain.choices[0].message.content
+    assert [[(a.token, a.logprob) for a in e.top_logprobs] for e in entries] == [
+        [(a.token, a.logprob) for a in e.top_logprobs] for e in plain.choices[0].logprobs.content
+    ]
 
 
 def test_logprobs_false_gives_none(proxy_server: Any) -> None:
