@@ -185,6 +185,7 @@ def serve_command(
     sampler_api_key: str | None = typer.Option(None, "--sampler-api-key", envvar="AGL_SAMPLER_API_KEY", help="Key the remote servers require."),
     sampler_model: str | None = typer.Option(None, "--sampler-model", metavar="NAME", help="Name the remote servers serve the base model under (default: the served model name)."),
     sampler_timeout: float = typer.Option(600.0, "--sampler-timeout", metavar="SECONDS", help="Longest wait for one remote answer before that server counts as failed."),
+    torch_threads: int | None = typer.Option(None, "--torch-threads", min=1, metavar="N", help="Torch intra-op threads of the hf sampler (default: one per core but one, which is left to the HTTP server)."),
 ) -> None:
     """Serve the model behind the LiteLLM proxy, recording every call with exact token ids."""
     from agl_bridge.models.loading import ModelNotFoundError, load_tokenizer, resolve_model_path
@@ -211,6 +212,12 @@ def serve_command(
             litellm_config_dict([name], "check", litellm_config)
     except ProxyStartError as exc:
         _fail(str(exc))
+    if spec.kind == "hf":
+        import torch
+
+        from agl_bridge.sampler.hf import serving_torch_threads
+
+        torch.set_num_threads(torch_threads or serving_torch_threads())
     try:
         path = resolve_model_path(model)
         tokenizer = load_tokenizer(path)

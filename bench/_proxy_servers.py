@@ -199,7 +199,7 @@ def serve_traced(
 ) -> None:
     """ProxyServer over an InstantSampler ("instant") or HFSampler with the tiny model ("hf").
 
-    `threads` sets torch's intra-op threads for the HFSampler (default: torch's).
+    `threads` sets torch's intra-op threads for the HFSampler (default: `agl-bridge serve`'s).
     """
     from agl_bridge.chat import ChatCodec
     from agl_bridge.models.loading import load_tokenizer
@@ -215,8 +215,9 @@ def serve_traced(
         from agl_bridge.models.loading import load_causal_lm
         from agl_bridge.sampler.hf import HFSampler
 
-        if threads:
-            torch.set_num_threads(threads)
+        from agl_bridge.sampler.hf import serving_torch_threads
+
+        torch.set_num_threads(threads or serving_torch_threads())  # as `agl-bridge serve` does
         sampler = HFSampler(load_causal_lm("tiny"), tokenizer, seed=0)
         name = "tiny"
     with tempfile.TemporaryDirectory(prefix="agl-bench-proxy-") as directory:

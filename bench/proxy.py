@@ -23,8 +23,8 @@
     making `--hf-rounds` requests back to back; median of `--hf-repeats` runs. The chat route always
     stops at the end-of-turn token, so the tokens actually produced are counted (and the share of
     requests that ran to max_tokens is reported). `--threads` sets the server's torch intra-op
-    threads: on a small shared machine torch's default (one per core) contends with the event loop
-    and with other processes, and can be several times slower than 1.
+    threads; the default is `agl-bridge serve`'s (one per core but one, leaving a core to the event
+    loop: with torch's own default, one per core, the sampler contends with the proxy's work).
 (e) `store_ingest`: LLM calls/s into `SQLiteStore.add_llm_call` (bench/store.py's measurement,
     three 64-long lists per record).
 
@@ -435,7 +435,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=2, help="server processes of each kind the latency blocks rotate over")
     parser.add_argument("--hf-repeats", type=int, default=3, help="median of this many throughput runs")
     parser.add_argument("--hf-rounds", type=int, default=4, help="requests each throughput client makes per run")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads of the (d) server (default: torch's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads of the (d) server (default: agl-bridge serve's)")
     parser.add_argument("--skip-hf", action="store_true", help="skip (d)")
     parser.add_argument("--store-records", type=int, default=20_000)
     parser.add_argument("--profile", metavar="DIR", default=None, help="cProfile the bare and traced servers into DIR")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import queue
 import threading
 from collections import deque
@@ -44,6 +45,20 @@ from agl_bridge.sampler.stopping import StopChecker
 from agl_bridge.sampler.weights import WeightLoader
 
 logger = logging.getLogger(__name__)
+
+
+def serving_torch_threads() -> int:
+    """Torch intra-op threads for a server sampling in-process: one per usable core but one (at least 1).
+
+    The spare core runs the HTTP event loop (the proxy's per-request work). Measured on 2 cores with
+    the tiny model: 16 concurrent clients get 4.7x one client's tokens/s with 1 thread and 3.9x with
+    2, while one client alone is as fast either way.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
 
 
 class SamplerClosedError(RuntimeError):

@@ -262,3 +262,13 @@ async def test_top_logprobs_rank_the_scored_distribution(sampler: HFSampler) -> 
         assert best_token == token  # greedy picks the top-ranked token
         assert best_logprob == pytest.approx(logprob, abs=1e-4)
     assert all(t[0][1] >= t[1][1] >= t[2][1] for t in top)
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 1), (16, 15)])
+def test_serving_leaves_one_core_to_the_http_server(monkeypatch: pytest.MonkeyPatch, cores: int, threads: int) -> None:
+    import os
+
+    from agl_bridge.sampler.hf import serving_torch_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)), raising=False)
+    assert serving_torch_threads() == threads
