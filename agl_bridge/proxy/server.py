@@ -316,8 +316,8 @@ class ProxyServer:
         token_routes = make_completions_router(service_for).routes
         if hasattr(self.sampler, "load_lora"):
             token_routes += make_adapter_router(self.sampler, adapters).routes
-        app.router.routes[:0] = [*token_routes, *traces_router.routes]  # ahead of LiteLLM's routes of the same paths
-        fast = FastRoutes(app, token_routes)
+        app.router.routes[:0] = traces_router.routes  # ahead of LiteLLM's routes of the same paths
+        fast = FastRoutes(app, token_routes)  # serves these paths before LiteLLM's app sees them
         install_error_handlers(fast.fast)  # its 404/405/422 in OpenAI's shape too
         return fast
 

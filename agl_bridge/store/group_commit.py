@@ -111,7 +111,7 @@ class GroupCommitter(Generic[OpT]):
     async def submit(self, op: OpT) -> Any:
         """Queue `op` (waiting while `max_pending` are held) and return its outcome once committed."""
         self._check_open()
-        assert self._loop is not None and self._room is not None
+        assert self._loop is not None
         future: asyncio.Future[Any] = self._loop.create_future()
         await self._enqueue(op, future)
         return await future

@@ -9,7 +9,6 @@ numbers must be unique and increasing.
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
 from dataclasses import dataclass, field

@@ -22,11 +22,7 @@ def sampler(tiny_model_dir: Path, tiny_tokenizer) -> Iterator[HFSampler]:
 @pytest.fixture(scope="session")
 def remote_target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """A real `agl-bridge serve` on the tiny model in a subprocess: the server remote-sampler tests call."""
-    from remote_helpers import ServeSubprocess
+    from remote_helpers import serving
 
-    server = ServeSubprocess(tiny_model_dir, tmp_path_factory.mktemp("remote_target") / "target.sqlite")
-    try:
-        server.url  # noqa: B018  (waits until it serves)
+    with serving(tiny_model_dir, tmp_path_factory.mktemp("remote_target") / "target.sqlite") as server:
         yield server
-    finally:
-        server.stop()

@@ -9,6 +9,7 @@ on demand (answer without token ids, be slow, answer 500) or relay to a real ser
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import re
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,17 @@ class ServeSubprocess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=20)
+
+
+@contextlib.contextmanager
+def serving(model_dir: Path, store: Path, *extra: str) -> Iterator[ServeSubprocess]:
+    """A started `ServeSubprocess` (its `url` answers), stopped on exit."""
+    server = ServeSubprocess(model_dir, store, *extra)
+    try:
+        server.url  # noqa: B018  (waits until it serves)
+        yield server
+    finally:
+        server.stop()
 
 
 def free_port() -> int:

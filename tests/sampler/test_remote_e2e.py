@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from remote_helpers import KEY, FakeServer, ServeSubprocess
+from remote_helpers import KEY, FakeServer, serving
 
 from agl_bridge import semconv
 
@@ -32,15 +32,11 @@ def relays(remote_target):
 
 @pytest.fixture(scope="module")
 def front(relays, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    server = ServeSubprocess(
+    with serving(
         tiny_model_dir, tmp_path_factory.mktemp("front") / "front.sqlite",
         "--sampler", "remote", "--sampler-url", ",".join(r.url for r in relays), "--sampler-api-key", KEY, "--sampler-timeout", "20",
-    )
-    try:
-        server.url  # noqa: B018
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _calls(store: Path, rollout: str) -> list:

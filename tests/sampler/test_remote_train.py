@@ -4,14 +4,13 @@ writes each step's adapter to adapter_dir, loads it there as `tiny-v<N>` and rec
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from remote_helpers import KEY, ServeSubprocess, serve_env
+from remote_helpers import KEY, serve_env, serving
 
 pytestmark = pytest.mark.slow
 
@@ -29,12 +28,8 @@ def agent(task, endpoint):
 
 @pytest.fixture(scope="module")
 def train_target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    server = ServeSubprocess(tiny_model_dir, tmp_path_factory.mktemp("train_target") / "target.sqlite")
-    try:
-        server.url  # noqa: B018
+    with serving(tiny_model_dir, tmp_path_factory.mktemp("train_target") / "target.sqlite") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_grpo_with_a_remote_sampler_syncs_every_step_by_version(train_target, tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from remote_helpers import KEY, ServeSubprocess
+from remote_helpers import KEY, serving
 
 from agl_bridge.sampler.base import SamplingParams
 from agl_bridge.sampler.remote import RemoteSampler
@@ -24,12 +24,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def sync_target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    server = ServeSubprocess(tiny_model_dir, tmp_path_factory.mktemp("sync_target") / "target.sqlite")
-    try:
-        server.url  # noqa: B018
+    with serving(tiny_model_dir, tmp_path_factory.mktemp("sync_target") / "target.sqlite") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _post(url: str, path: str, body: dict, key: str | None = KEY) -> httpx.Response:
