@@ -172,20 +172,61 @@ def _check_writable_store(store: Path) -> None:
 @app.command("serve")
 def serve_command(
     model: str = typer.Option("tiny", help="`tiny`, a local model directory, or a hub id."),
-    store: Path = typer.Option(Path("agl_store.sqlite"), "--store", metavar="PATH", help="SQLite file to record into (created if missing)."),
+    store: Path = typer.Option(
+        Path("agl_store.sqlite"), "--store", metavar="PATH", help="SQLite file to record into (created if missing)."
+    ),
     host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback needs --api-key."),
     port: int = typer.Option(4000, min=0, max=65535, help="Port to listen on (0 picks a free one)."),
-    api_key: str | None = typer.Option(None, envvar="AGL_API_KEY", help="Key clients must send; generated and printed if not given."),
-    litellm_config: Path | None = typer.Option(None, "--litellm-config", metavar="FILE", help="LiteLLM config whose model_list adds other models (recorded as text-only calls)."),
-    served_model_name: str | None = typer.Option(None, help="Model name clients ask for (default: tiny, or the model directory's name)."),
+    api_key: str | None = typer.Option(
+        None, envvar="AGL_API_KEY", help="Key clients must send; generated and printed if not given."
+    ),
+    litellm_config: Path | None = typer.Option(
+        None,
+        "--litellm-config",
+        metavar="FILE",
+        help="LiteLLM config whose model_list adds other models (recorded as text-only calls).",
+    ),
+    served_model_name: str | None = typer.Option(
+        None, help="Model name clients ask for (default: tiny, or the model directory's name)."
+    ),
     default_max_tokens: int = typer.Option(1024, min=1, help="max_tokens for requests that do not set it."),
     max_batch_size: int = typer.Option(64, min=1, help="Most sequences the sampler decodes together."),
-    sampler_kind: str = typer.Option("hf", "--sampler", metavar="hf|remote|vllm", help="hf: transformers in this process; remote: vLLM-protocol servers (--sampler-url); vllm: an in-process vLLM engine (GPU)."),
-    sampler_url: list[str] = typer.Option([], "--sampler-url", metavar="URL[,URL...]", help="Servers a remote sampler calls (vLLM or agl-bridge serve); repeat or comma-separate for several."),
-    sampler_api_key: str | None = typer.Option(None, "--sampler-api-key", envvar="AGL_SAMPLER_API_KEY", help="Key the remote servers require."),
-    sampler_model: str | None = typer.Option(None, "--sampler-model", metavar="NAME", help="Name the remote servers serve the base model under (default: the served model name)."),
-    sampler_timeout: float = typer.Option(600.0, "--sampler-timeout", metavar="SECONDS", help="Longest wait for one remote answer before that server counts as failed."),
-    torch_threads: int | None = typer.Option(None, "--torch-threads", min=1, metavar="N", help="Torch intra-op threads of the hf sampler (default: one per core but one, which is left to the HTTP server)."),
+    sampler_kind: str = typer.Option(
+        "hf",
+        "--sampler",
+        metavar="hf|remote|vllm",
+        help="hf: transformers in this process; remote: vLLM-protocol servers (--sampler-url); vllm: an in-process "
+        "vLLM engine (GPU).",
+    ),
+    sampler_url: list[str] = typer.Option(
+        [],
+        "--sampler-url",
+        metavar="URL[,URL...]",
+        help="Servers a remote sampler calls (vLLM or agl-bridge serve); repeat or comma-separate for several.",
+    ),
+    sampler_api_key: str | None = typer.Option(
+        None, "--sampler-api-key", envvar="AGL_SAMPLER_API_KEY", help="Key the remote servers require."
+    ),
+    sampler_model: str | None = typer.Option(
+        None,
+        "--sampler-model",
+        metavar="NAME",
+        help="Name the remote servers serve the base model under (default: the served model name).",
+    ),
+    sampler_timeout: float = typer.Option(
+        600.0,
+        "--sampler-timeout",
+        metavar="SECONDS",
+        help="Longest wait for one remote answer before that server counts as failed.",
+    ),
+    torch_threads: int | None = typer.Option(
+        None,
+        "--torch-threads",
+        min=1,
+        metavar="N",
+        help="Torch intra-op threads of the hf sampler (default: one per core but one, which is left to the HTTP "
+        "server).",
+    ),
 ) -> None:
     """Serve the model behind the LiteLLM proxy, recording every call with exact token ids."""
     from agl_bridge.models.loading import ModelNotFoundError, load_tokenizer, resolve_model_path
@@ -196,8 +237,12 @@ def serve_command(
 
     name = served_model_name or ("tiny" if model.startswith("tiny") else Path(model.rstrip("/")).name)
     spec = SamplerSpec(
-        kind=sampler_kind, urls=split_urls(sampler_url), api_key=sampler_api_key, remote_model=sampler_model,
-        timeout_s=sampler_timeout, max_batch_size=max_batch_size,
+        kind=sampler_kind,
+        urls=split_urls(sampler_url),
+        api_key=sampler_api_key,
+        remote_model=sampler_model,
+        timeout_s=sampler_timeout,
+        max_batch_size=max_batch_size,
     )
     try:
         spec.validate()
@@ -228,8 +273,15 @@ def serve_command(
         _fail(str(exc))
     try:
         server = ProxyServer(
-            sampler=sampler, tokenizer=tokenizer, store_path=store, model_name=name, host=host, port=port,
-            api_key=api_key, litellm_config_path=litellm_config, default_max_tokens=default_max_tokens,
+            sampler=sampler,
+            tokenizer=tokenizer,
+            store_path=store,
+            model_name=name,
+            host=host,
+            port=port,
+            api_key=api_key,
+            litellm_config_path=litellm_config,
+            default_max_tokens=default_max_tokens,
         )
     except ProxyStartError as exc:
         sampler.close()
@@ -239,7 +291,10 @@ def serve_command(
         typer.echo(f"agl-bridge is serving {name!r} ({path}) at {ready.openai_base_url()}", err=True)
         if spec.kind == "remote":
             typer.echo(f"  sampling on {', '.join(spec.urls)} as {spec.remote_model or name!r}", err=True)
-        typer.echo(f"  key: {ready.api_key}" + ("  (generated; pass --api-key to choose one)" if ready.generated_key else ""), err=True)
+        typer.echo(
+            f"  key: {ready.api_key}" + ("  (generated; pass --api-key to choose one)" if ready.generated_key else ""),
+            err=True,
+        )
         typer.echo(f"  per rollout: {ready.openai_base_url('ROLLOUT_ID', 'ATTEMPT_ID')}", err=True)
         typer.echo(f"  recording into {store.resolve()}; Ctrl-C stops", err=True)
 
@@ -257,28 +312,34 @@ def serve_command(
 
 @app.command("train")
 def train_command(
-    config: Path = typer.Option(..., "--config", metavar="FILE", help="Run settings (.toml, .yaml or .json); see docs/training.md."),
+    config: Path = typer.Option(
+        ..., "--config", metavar="FILE", help="Run settings (.toml, .yaml or .json); see docs/training.md."
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in the config's run_dir."),
 ) -> None:
     """Train an agent with GRPO through the proxy: sample, convert, train, sync weights live."""
     from agl_bridge.runner import TaskFileError
+    from agl_bridge.train.checkpoint import CheckpointMismatchError
     from agl_bridge.train.config import ConfigError, load_config
     from agl_bridge.train.grpo import GRPOTrainer
-
-    from agl_bridge.train.checkpoint import CheckpointMismatchError
 
     try:
         trainer = GRPOTrainer(load_config(config))
         summary = trainer.run(resume=resume)
     except (ConfigError, TaskFileError, CheckpointMismatchError) as exc:
         _fail(str(exc))
-    typer.echo(f"done: {summary.steps} steps in {summary.wall_time_s:.0f}s; held-out reward {summary.eval_start} → {summary.eval_end}; see {summary.run_dir}")
+    typer.echo(
+        f"done: {summary.steps} steps in {summary.wall_time_s:.0f}s; held-out reward {summary.eval_start} → "
+        f"{summary.eval_end}; see {summary.run_dir}"
+    )
 
 
 @app.command("plot")
 def plot_command(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="A training run directory (with metrics.jsonl)."),
-    out: Path | None = typer.Option(None, "--out", metavar="FILE.png", help="Where to write (default RUN_DIR/reward_curve.png)."),
+    out: Path | None = typer.Option(
+        None, "--out", metavar="FILE.png", help="Where to write (default RUN_DIR/reward_curve.png)."
+    ),
 ) -> None:
     """Draw a run's reward and evaluation curves as a PNG."""
     from agl_bridge.train.plot import plot_run

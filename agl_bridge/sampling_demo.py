@@ -35,7 +35,9 @@ class TurnReport:
     second_prompt_extends: bool
 
 
-def run_sampling_demo(model: str = "tiny", conversations: int = 8, max_tokens: int = 24, seed: int = 0) -> list[TurnReport]:
+def run_sampling_demo(
+    model: str = "tiny", conversations: int = 8, max_tokens: int = 24, seed: int = 0
+) -> list[TurnReport]:
     """Run `conversations` two-turn chats concurrently through one sampler and print what happened."""
     console = Console()
     path = resolve_model_path(model)
@@ -60,7 +62,8 @@ def run_sampling_demo(model: str = "tiny", conversations: int = 8, max_tokens: i
             tokens=len(sequence.tokens),
             mean_logprob=statistics.fmean(sequence.logprobs),
             stop_reason=sequence.stop_reason,
-            reencode_differs=tokenizer.encode(tokenizer.decode(sequence.tokens), add_special_tokens=False) != sequence.tokens,
+            reencode_differs=tokenizer.encode(tokenizer.decode(sequence.tokens), add_special_tokens=False)
+            != sequence.tokens,
             second_prompt_extends=second.token_ids[: len(expected)] == expected,
         )
 
@@ -77,12 +80,19 @@ def run_sampling_demo(model: str = "tiny", conversations: int = 8, max_tokens: i
         table.add_column(column)
     for r in reports:
         table.add_row(
-            str(r.task), repr(r.reply), str(r.tokens), f"{r.mean_logprob:.2f}", r.stop_reason,
-            "yes" if r.reencode_differs else "no", "[green]exactly[/green]" if r.second_prompt_extends else "[red]NO[/red]",
+            str(r.task),
+            repr(r.reply),
+            str(r.tokens),
+            f"{r.mean_logprob:.2f}",
+            r.stop_reason,
+            "yes" if r.reencode_differs else "no",
+            "[green]exactly[/green]" if r.second_prompt_extends else "[red]NO[/red]",
         )
     console.print(table)
     total = sum(r.tokens for r in reports)
-    console.print(f"{total} tokens sampled in {elapsed:.2f}s ({total / elapsed:.0f} tok/s, batched across conversations)")
+    console.print(
+        f"{total} tokens sampled in {elapsed:.2f}s ({total / elapsed:.0f} tok/s, batched across conversations)"
+    )
     console.print(
         "Every second prompt starts with the first prompt + the sampled ids, including where "
         "decoding and re-encoding the reply would give other ids."

@@ -270,12 +270,7 @@ _MAX_NS = 2**63 - 1  # SQLite integers are signed 64-bit: nanoseconds up to the 
 def _check_hex_id(name: str, value: object, n_hex: int, *, optional: bool) -> None:
     if value is None and optional:
         return
-    if (
-        not isinstance(value, str)
-        or len(value) != n_hex
-        or not _HEX_DIGITS.issuperset(value)
-        or value == "0" * n_hex
-    ):
+    if not isinstance(value, str) or len(value) != n_hex or not _HEX_DIGITS.issuperset(value) or value == "0" * n_hex:
         expected = f"{n_hex} lower-case hex digits, not all zero" + (" (or None)" if optional else "")
         raise ValueError(f"{name} must be {expected}, got {value!r}")
 
@@ -460,9 +455,10 @@ class SegmentCall:
     def __post_init__(self) -> None:
         # One cheap test for the common case: the converter builds tens of thousands per second.
         sequence, choice, start, end = self.sequence, self.choice_index, self.response_start, self.response_end
-        if not (
-            type(sequence) is int and type(choice) is int and type(start) is int and type(end) is int
-        ) or min(sequence, choice, start) < 0:
+        if (
+            not (type(sequence) is int and type(choice) is int and type(start) is int and type(end) is int)
+            or min(sequence, choice, start) < 0
+        ):
             _check_count("sequence", self.sequence, optional=False)
             _check_count("choice_index", self.choice_index, optional=False)
             _check_count("response_start", self.response_start, optional=False)
@@ -501,15 +497,13 @@ class TrajectorySegment:
             length = len(getattr(self, name))
             if length != n:
                 raise ValueError(
-                    f"segment {name} has {length} entries but input_ids has {n}; every list needs one "
-                    "entry per token"
+                    f"segment {name} has {length} entries but input_ids has {n}; every list needs one entry per token"
                 )
         if not self.calls:
             raise ValueError("a segment needs at least one call (the one whose tokens it holds)")
         if self.calls[-1].response_end > n:
             raise ValueError(
-                f"the last call's response ends at token {self.calls[-1].response_end}, past the "
-                f"segment's {n} tokens"
+                f"the last call's response ends at token {self.calls[-1].response_end}, past the segment's {n} tokens"
             )
         if self.split_kind is not None:
             self.split_kind = SplitKind(self.split_kind)

@@ -25,15 +25,15 @@ os.environ.setdefault("LITELLM_LOG", "CRITICAL")  # what agl_bridge.proxy sets; 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import asyncio  # noqa: E402
-import json  # noqa: E402
-import signal  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import asyncio
+import json
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -74,11 +74,25 @@ def _instant_custom_llm() -> Any:
     from litellm.types.utils import Choices, Message, ModelResponse, Usage
 
     class InstantLLM(CustomLLM):
-        async def acompletion(self, model: str, messages: list, api_base: Any, custom_prompt_dict: Any,
-                              model_response: ModelResponse, print_verbose: Any, encoding: Any, api_key: Any,
-                              logging_obj: Any, optional_params: dict, acompletion: Any = None,
-                              litellm_params: dict | None = None, logger_fn: Any = None, headers: Any = None,
-                              timeout: Any = None, client: Any = None) -> ModelResponse:
+        async def acompletion(
+            self,
+            model: str,
+            messages: list,
+            api_base: Any,
+            custom_prompt_dict: Any,
+            model_response: ModelResponse,
+            print_verbose: Any,
+            encoding: Any,
+            api_key: Any,
+            logging_obj: Any,
+            optional_params: dict,
+            acompletion: Any = None,
+            litellm_params: dict | None = None,
+            logger_fn: Any = None,
+            headers: Any = None,
+            timeout: Any = None,
+            client: Any = None,
+        ) -> ModelResponse:
             model_response.choices = [
                 Choices(index=0, message=Message(content=INSTANT_TEXT, role="assistant"), finish_reason="stop")
             ]
@@ -107,22 +121,42 @@ def _sampler_custom_llm() -> Any:
     sampler = _instant_sampler(codec.tokenizer, codec)
 
     class SamplerLLM(CustomLLM):
-        async def acompletion(self, model: str, messages: list, api_base: Any, custom_prompt_dict: Any,
-                              model_response: ModelResponse, print_verbose: Any, encoding: Any, api_key: Any,
-                              logging_obj: Any, optional_params: dict, acompletion: Any = None,
-                              litellm_params: dict | None = None, logger_fn: Any = None, headers: Any = None,
-                              timeout: Any = None, client: Any = None) -> ModelResponse:
+        async def acompletion(
+            self,
+            model: str,
+            messages: list,
+            api_base: Any,
+            custom_prompt_dict: Any,
+            model_response: ModelResponse,
+            print_verbose: Any,
+            encoding: Any,
+            api_key: Any,
+            logging_obj: Any,
+            optional_params: dict,
+            acompletion: Any = None,
+            litellm_params: dict | None = None,
+            logger_fn: Any = None,
+            headers: Any = None,
+            timeout: Any = None,
+            client: Any = None,
+        ) -> ModelResponse:
             prompt = codec.encode_prompt(messages)
             params = SamplingParams(max_tokens=optional_params.get("max_tokens"))
             sequence = (await sampler.sample_async(prompt.token_ids, params)).sequences[0]
             message = codec.decode_response(sequence.tokens, sequence.stop_reason)
             model_response.choices = [
-                Choices(index=0, message=Message(content=message.content, role="assistant"), finish_reason=message.finish_reason)
+                Choices(
+                    index=0,
+                    message=Message(content=message.content, role="assistant"),
+                    finish_reason=message.finish_reason,
+                )
             ]
             model_response.model = model
             prompt_tokens, completion_tokens = len(prompt.token_ids), len(sequence.tokens)
             model_response.usage = Usage(
-                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                total_tokens=prompt_tokens + completion_tokens,
             )
             return model_response
 
@@ -175,7 +209,12 @@ def serve_bare(port: int, api_key: str, profile_path: str | None = None, *, fixe
     from litellm.proxy import proxy_server
 
     config = uvicorn.Config(
-        proxy_server.app, loop="asyncio", lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=5
+        proxy_server.app,
+        loop="asyncio",
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
     )
     server = uvicorn.Server(config)
 
@@ -213,9 +252,7 @@ def serve_traced(
         import torch
 
         from agl_bridge.models.loading import load_causal_lm
-        from agl_bridge.sampler.hf import HFSampler
-
-        from agl_bridge.sampler.hf import serving_torch_threads
+        from agl_bridge.sampler.hf import HFSampler, serving_torch_threads
 
         torch.set_num_threads(threads or serving_torch_threads())  # as `agl-bridge serve` does
         sampler = HFSampler(load_causal_lm("tiny"), tokenizer, seed=0)
@@ -275,11 +312,15 @@ async def _inprocess(requests: int, warmup: int) -> dict[str, Any]:
             route = RolloutRoute()
 
             async def ours() -> None:
-                response = await litellm.acompletion(model=f"{PROVIDER_NAME}/{INSTANT_MODEL}", messages=MESSAGES, max_tokens=16)
+                response = await litellm.acompletion(
+                    model=f"{PROVIDER_NAME}/{INSTANT_MODEL}", messages=MESSAGES, max_tokens=16
+                )
                 assert response.choices[0].message.content == INSTANT_TEXT, response
 
             async def bare() -> None:  # the baseline's CustomLLM through the same LiteLLM call
-                response = await litellm.acompletion(model=f"{_BARE_PROVIDER}/{INSTANT_MODEL}", messages=MESSAGES, max_tokens=16)
+                response = await litellm.acompletion(
+                    model=f"{_BARE_PROVIDER}/{INSTANT_MODEL}", messages=MESSAGES, max_tokens=16
+                )
                 assert response.choices[0].message.content == INSTANT_TEXT, response
 
             async def service_only() -> None:  # our work without LiteLLM: parse, encode, sample, record
@@ -299,7 +340,9 @@ async def _inprocess(requests: int, warmup: int) -> dict[str, Any]:
                     await _settle()
             stored = store.write_stats["ops"]
     out: dict[str, Any] = {name: latency_summary(values) for name, values in timings.items()}
-    out["provider_overhead_p50_ms"] = round(out["acompletion"]["p50_ms"] - out["acompletion_bare_provider"]["p50_ms"], 3)
+    out["provider_overhead_p50_ms"] = round(
+        out["acompletion"]["p50_ms"] - out["acompletion_bare_provider"]["p50_ms"], 3
+    )
     out["calls_stored"] = stored
     return out
 
@@ -317,7 +360,8 @@ async def _settle(max_wait_s: float = 0.5) -> None:
     while time.perf_counter() < deadline:
         queue = getattr(GLOBAL_LOGGING_WORKER, "_queue", None)
         busy = [
-            t for t in asyncio.all_tasks()
+            t
+            for t in asyncio.all_tasks()
             if t is not me and not t.done() and getattr(t.get_coro(), "__qualname__", "") not in _IDLE_LOOPS
         ]
         if not busy and (queue is None or queue.empty()):

@@ -36,9 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agl_bridge.convert import ConversionReport, convert_store  # noqa: E402
-from agl_bridge.store import SQLiteStore  # noqa: E402
-from agl_bridge.types import AttemptStatus, LLMCall, Reward, RolloutStatus  # noqa: E402
+from agl_bridge.convert import ConversionReport, convert_store
+from agl_bridge.store import SQLiteStore
+from agl_bridge.types import AttemptStatus, LLMCall, Reward, RolloutStatus
 
 TARGET_CALLS_PER_S = 50_000
 GROUP_SIZE = 8
@@ -76,7 +76,7 @@ async def build(path: Path, rollouts: int, calls: int, prompt: int, response: in
             attempts = await asyncio.gather(*(store.start_attempt(r.rollout_id) for r in made))
             records: list[LLMCall] = []
             rewards: list[Reward] = []
-            for i, attempt in zip(ids, attempts):
+            for i, attempt in zip(ids, attempts, strict=False):
                 tokens = [i % 1_000, *base[1:]]
                 messages = [{"role": "user", "content": f"task {i // GROUP_SIZE}: " + "word " * prompt}]
                 sequence = 0
@@ -109,9 +109,14 @@ async def build(path: Path, rollouts: int, calls: int, prompt: int, response: in
             await store.add_llm_calls(records)
             await store.add_rewards(rewards)
             outcomes = [AttemptStatus.FAILED if i % 50 == 49 else AttemptStatus.SUCCEEDED for i in ids]
-            await asyncio.gather(*(store.finish_attempt(a.attempt_id, o) for a, o in zip(attempts, outcomes)))
             await asyncio.gather(
-                *(store.set_rollout_status(a.rollout_id, RolloutStatus(o.value)) for a, o in zip(attempts, outcomes))
+                *(store.finish_attempt(a.attempt_id, o) for a, o in zip(attempts, outcomes, strict=False))
+            )
+            await asyncio.gather(
+                *(
+                    store.set_rollout_status(a.rollout_id, RolloutStatus(o.value))
+                    for a, o in zip(attempts, outcomes, strict=False)
+                )
             )
 
 

@@ -41,13 +41,37 @@ def run(command: list[str], cwd: Path) -> float:
 def bench_train(work: Path) -> dict[str, float]:
     """One training step, batch 2 × group 2."""
     run_dir = work / "train"
-    wall = run([sys.executable, str(EXAMPLE / "train.py"), "--batch-size", "2", "--group-size", "2", "--steps", "1",
-                "--no-eval", "--no-tensorboard", "--run-dir", str(run_dir)], work)
-    step = next(json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-                if json.loads(line).get("phase") == "train")
-    return {"process_wall_s": wall, "step_s": step["time_step_s"], "sample_s": step["time_sample_s"],
-            "train_s": step["time_train_s"], "reward_mean": step["reward_mean"], "segments": step.get("segments"),
-            **bench_train_compute(run_dir)}
+    wall = run(
+        [
+            sys.executable,
+            str(EXAMPLE / "train.py"),
+            "--batch-size",
+            "2",
+            "--group-size",
+            "2",
+            "--steps",
+            "1",
+            "--no-eval",
+            "--no-tensorboard",
+            "--run-dir",
+            str(run_dir),
+        ],
+        work,
+    )
+    step = next(
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line).get("phase") == "train"
+    )
+    return {
+        "process_wall_s": wall,
+        "step_s": step["time_step_s"],
+        "sample_s": step["time_sample_s"],
+        "train_s": step["time_train_s"],
+        "reward_mean": step["reward_mean"],
+        "segments": step.get("segments"),
+        **bench_train_compute(run_dir),
+    }
 
 
 def bench_train_compute(run_dir: Path) -> dict[str, float]:
@@ -91,8 +115,13 @@ def bench_eval(work: Path) -> dict[str, float]:
     out_dir = work / "eval"
     wall = run([sys.executable, str(EXAMPLE / "evaluate.py"), "--out-dir", str(out_dir)], work)
     summary = json.loads((out_dir / "summary.json").read_text())
-    return {"process_wall_s": wall, "games_wall_s": summary["wall_time_s"], "games": summary["games"],
-            "success_rate": summary["success_rate"], "turns_mean": summary["turns_mean"]}
+    return {
+        "process_wall_s": wall,
+        "games_wall_s": summary["wall_time_s"],
+        "games": summary["games"],
+        "success_rate": summary["success_rate"],
+        "turns_mean": summary["turns_mean"],
+    }
 
 
 def main() -> None:
@@ -106,17 +135,29 @@ def main() -> None:
         for name, bench in (("train", bench_train), ("eval", bench_eval)):
             if args.only in (None, name):
                 load = os.getloadavg()
-                results[name] = {**bench(work), "load_before": round(load[0], 2), "load_after": round(os.getloadavg()[0], 2)}
+                results[name] = {
+                    **bench(work),
+                    "load_before": round(load[0], 2),
+                    "load_after": round(os.getloadavg()[0], 2),
+                }
     cores = os.cpu_count()
     if "train" in results:
         r = results["train"]
-        print(f"train step (batch 2 × group 2): {r['process_wall_s']:.1f}s process wall, step {r['step_s']:.1f}s "
-              f"(sample {r['sample_s']:.1f}s, train {r['train_s']:.1f}s; forced ±1 advantages: forward_backward + optim_step "
-              f"{r['forced_train_s']:.1f}s on {r['datums']} sequences / {r['tokens']} tokens) · target ≤ 300s · load {r['load_before']}→{r['load_after']} on {cores} cores")
+        print(
+            f"train step (batch 2 × group 2): {r['process_wall_s']:.1f}s process wall, step {r['step_s']:.1f}s "
+            f"(sample {r['sample_s']:.1f}s, train {r['train_s']:.1f}s; forced ±1 advantages: forward_backward + "
+            "optim_step "
+            f"{r['forced_train_s']:.1f}s on {r['datums']} sequences / {r['tokens']} tokens) · target ≤ 300s · load "
+            f"{r['load_before']}→{r['load_after']} on {cores} cores"
+        )
     if "eval" in results:
         r = results["eval"]
-        print(f"evaluation ({r['games']} test entities): {r['process_wall_s']:.1f}s process wall, games {r['games_wall_s']:.1f}s "
-              f"· success {r['success_rate']:.3f} · turns {r['turns_mean']:.1f} · target ≤ 180s · load {r['load_before']}→{r['load_after']} on {cores} cores")
+        print(
+            f"evaluation ({r['games']} test entities): {r['process_wall_s']:.1f}s process wall, games "
+            f"{r['games_wall_s']:.1f}s "
+            f"· success {r['success_rate']:.3f} · turns {r['turns_mean']:.1f} · target ≤ 180s · load "
+            f"{r['load_before']}→{r['load_after']} on {cores} cores"
+        )
     print(json.dumps(results))
 
 

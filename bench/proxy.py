@@ -207,7 +207,7 @@ def time_latency(
     servers = {id(server): server for replicas, _ in targets.values() for server in replicas}
     served: dict[int, int] = dict.fromkeys(servers, 0)
     try:
-        for (name, replica) in clients:
+        for name, replica in clients:
             for _ in range(warmup):
                 one(name, replica)
         if profiling:
@@ -283,7 +283,9 @@ async def _throughput_once(base_url: str, clients: int, per_client: int) -> dict
 def time_throughput(server: Server, repeats: int, rounds: int) -> dict[str, Any]:
     """Median over `repeats` runs of aggregate completion tokens/s for 1 and for 16 clients, each
     client making `rounds` requests back to back."""
-    runs = {c: [asyncio.run(_throughput_once(server.base_url, c, rounds)) for _ in range(repeats)] for c in HF_CONCURRENCY}
+    runs = {
+        c: [asyncio.run(_throughput_once(server.base_url, c, rounds)) for _ in range(repeats)] for c in HF_CONCURRENCY
+    }
     rate = {c: statistics.median(r["tokens_per_s"] for r in runs[c]) for c in HF_CONCURRENCY}
     threads = server.ready_line.partition("torch_threads=")[2]
     return {
@@ -312,7 +314,15 @@ def time_throughput(server: Server, repeats: int, rounds: int) -> dict[str, Any]
 
 def time_inprocess(requests: int, warmup: int) -> dict[str, Any]:
     """Measurement (a), in a subprocess of its own (it sets LiteLLM's process-wide provider map)."""
-    args = [sys.executable, str(Path(__file__).resolve()), "--inprocess", "--requests", str(requests), "--warmup", str(warmup)]
+    args = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--inprocess",
+        "--requests",
+        str(requests),
+        "--warmup",
+        str(warmup),
+    ]
     done = subprocess.run(args, capture_output=True, text=True, env=_child_env(), timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"the in-process measurement failed:\n{done.stderr[-4000:]}")
@@ -368,9 +378,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         replicas: dict[str, list[Server]] = {}
         for kind in ("bare", "bare_fixed", "traced"):
-            replicas[kind] = [
-                Server(kind, profile.get(kind) if i == 0 else None) for i in range(args.replicas)
-            ]
+            replicas[kind] = [Server(kind, profile.get(kind) if i == 0 else None) for i in range(args.replicas)]
             servers += replicas[kind]
         hf = None
         if not args.skip_hf:
@@ -432,10 +440,17 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500, help="measured requests per latency target")
     parser.add_argument("--warmup", type=int, default=50, help="warm-up requests per latency target")
     parser.add_argument("--block", type=int, default=50, help="requests per target before switching target")
-    parser.add_argument("--replicas", type=int, default=2, help="server processes of each kind the latency blocks rotate over")
+    parser.add_argument(
+        "--replicas", type=int, default=2, help="server processes of each kind the latency blocks rotate over"
+    )
     parser.add_argument("--hf-repeats", type=int, default=3, help="median of this many throughput runs")
     parser.add_argument("--hf-rounds", type=int, default=4, help="requests each throughput client makes per run")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads of the (d) server (default: agl-bridge serve's)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads of the (d) server (default: agl-bridge serve's)",
+    )
     parser.add_argument("--skip-hf", action="store_true", help="skip (d)")
     parser.add_argument("--store-records", type=int, default=20_000)
     parser.add_argument("--profile", metavar="DIR", default=None, help="cProfile the bare and traced servers into DIR")

@@ -51,8 +51,13 @@ def fuzz(base_url: str, api_key: str, count: int, random_seed: int) -> dict[str,
                 return
             statuses[response.status_code] += 1
             if sum(statuses.values()) % 1000 == 0:  # partial figures, in case the run is cut short
-                print(json.dumps({"requests": sum(statuses.values()), "by_status": dict(statuses), "problems": len(problems)}),
-                      file=sys.stderr, flush=True)
+                print(
+                    json.dumps(
+                        {"requests": sum(statuses.values()), "by_status": dict(statuses), "problems": len(problems)}
+                    ),
+                    file=sys.stderr,
+                    flush=True,
+                )
             problem = check_answer(request, response)
             if problem is not None:
                 problems.append(f"{request.method} {request.path} {request.body[:200]!r}: {problem}")
@@ -61,8 +66,14 @@ def fuzz(base_url: str, api_key: str, count: int, random_seed: int) -> dict[str,
         one()
         elapsed = time.monotonic() - started
         alive = client.get("/health/liveliness").status_code == 200
-    return {"requests": sum(statuses.values()), "by_status": dict(sorted(statuses.items())), "problems": len(problems),
-            "problem_list": problems[:50], "server_alive_after": alive, "wall_s": round(elapsed, 1)}
+    return {
+        "requests": sum(statuses.values()),
+        "by_status": dict(sorted(statuses.items())),
+        "problems": len(problems),
+        "problem_list": problems[:50],
+        "server_alive_after": alive,
+        "wall_s": round(elapsed, 1),
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -74,7 +85,9 @@ def main(argv: list[str]) -> int:
     from agl_bridge.models.loading import resolve_model_path
 
     with tempfile.TemporaryDirectory(prefix="agl-rel-fuzz-") as folder:
-        proxy = start_proxy(Path(folder) / "store.sqlite", Path(resolve_model_path("tiny")), sampler="instant", tokens=4)
+        proxy = start_proxy(
+            Path(folder) / "store.sqlite", Path(resolve_model_path("tiny")), sampler="instant", tokens=4
+        )
         try:
             result = fuzz(proxy.base_url, proxy.api_key, args.requests, args.seed)
         finally:

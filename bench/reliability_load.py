@@ -60,8 +60,17 @@ TIMEOUT_S = 600.0  # per rollout attempt (RunnerConfig.timeout_s); --timeout-s
 
 
 def _run(proxy: ProxyProcess, rollouts: int, calls: int, max_tokens: int) -> dict[str, Any]:
-    report = asyncio.run(run_load(proxy.base_url, proxy.api_key, proxy.store, rollouts=rollouts, calls=calls,
-                                  max_tokens=max_tokens, timeout_s=TIMEOUT_S))
+    report = asyncio.run(
+        run_load(
+            proxy.base_url,
+            proxy.api_key,
+            proxy.store,
+            rollouts=rollouts,
+            calls=calls,
+            max_tokens=max_tokens,
+            timeout_s=TIMEOUT_S,
+        )
+    )
     return {**report.summary(), "proxy_rss_mib": rss_mib(proxy.process.pid)}
 
 
@@ -92,8 +101,25 @@ def soak(model_dir: str, total_calls: int) -> dict[str, Any]:
             while done < total_calls:
                 result = _run(proxy, rollouts, calls, 8)
                 done += result["calls_expected"]
-                rounds.append({"calls": done, "rss_mib": result["proxy_rss_mib"], "store_bytes": store_bytes(store),
-                               **{k: result[k] for k in ("lost", "misattributed", "out_of_order", "rollouts_failed", "p50_ms", "p99_ms", "calls_per_s")}})
+                rounds.append(
+                    {
+                        "calls": done,
+                        "rss_mib": result["proxy_rss_mib"],
+                        "store_bytes": store_bytes(store),
+                        **{
+                            k: result[k]
+                            for k in (
+                                "lost",
+                                "misattributed",
+                                "out_of_order",
+                                "rollouts_failed",
+                                "p50_ms",
+                                "p99_ms",
+                                "calls_per_s",
+                            )
+                        },
+                    }
+                )
                 print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
         finally:
             proxy.stop()
@@ -102,14 +128,22 @@ def soak(model_dir: str, total_calls: int) -> dict[str, Any]:
     half = len(rounds) // 2
     first_half_calls = rounds[half - 1]["calls"] if half else 0
     per_call_first = rounds[half - 1]["store_bytes"] / first_half_calls if half else None
-    per_call_second = ((rounds[-1]["store_bytes"] - rounds[half - 1]["store_bytes"]) / (rounds[-1]["calls"] - first_half_calls)) if half else None
+    per_call_second = (
+        ((rounds[-1]["store_bytes"] - rounds[half - 1]["store_bytes"]) / (rounds[-1]["calls"] - first_half_calls))
+        if half
+        else None
+    )
     return {
         "calls": rounds[-1]["calls"] if rounds else 0,
-        "lost": sum(r["lost"] for r in rounds), "misattributed": sum(r["misattributed"] for r in rounds),
-        "out_of_order": sum(r["out_of_order"] for r in rounds), "rollouts_failed": sum(r["rollouts_failed"] for r in rounds),
+        "lost": sum(r["lost"] for r in rounds),
+        "misattributed": sum(r["misattributed"] for r in rounds),
+        "out_of_order": sum(r["out_of_order"] for r in rounds),
+        "rollouts_failed": sum(r["rollouts_failed"] for r in rounds),
         "p50_ms_median_of_rounds": sorted(r["p50_ms"] for r in rounds)[len(rounds) // 2] if rounds else None,
         "p99_ms_max_of_rounds": max((r["p99_ms"] for r in rounds), default=None),
-        "rss_mib_start": rss_start, "rss_mib_peak": max(rss, default=None), "rss_mib_end": rss[-1] if rss else None,
+        "rss_mib_start": rss_start,
+        "rss_mib_peak": max(rss, default=None),
+        "rss_mib_end": rss[-1] if rss else None,
         "rss_mib_at_half": rounds[half - 1]["rss_mib"] if half else None,
         "store_bytes_end": rounds[-1]["store_bytes"] if rounds else 0,
         "store_bytes_per_call_first_half": round(per_call_first) if per_call_first else None,
@@ -127,7 +161,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--skip-tiny", action="store_true")
     parser.add_argument("--skip-soak", action="store_true")
     parser.add_argument("--skip-instant", action="store_true")
-    parser.add_argument("--timeout-s", type=float, default=600.0, help="per rollout attempt; raise it on a loaded machine")
+    parser.add_argument(
+        "--timeout-s", type=float, default=600.0, help="per rollout attempt; raise it on a loaded machine"
+    )
     args = parser.parse_args(argv)
     global TIMEOUT_S
     TIMEOUT_S = args.timeout_s
@@ -146,7 +182,11 @@ def main(argv: list[str]) -> int:
     print(json.dumps(out))
     runs = [v for k, v in out.items() if isinstance(v, dict)]
     broken = any(r["lost"] or r["misattributed"] or r["out_of_order"] or r["integrity"] != "ok" for r in runs)
-    if "soak" in out and out["soak"]["rss_mib_at_half"] and out["soak"]["rss_mib_end"] > 1.25 * out["soak"]["rss_mib_at_half"]:
+    if (
+        "soak" in out
+        and out["soak"]["rss_mib_at_half"]
+        and out["soak"]["rss_mib_end"] > 1.25 * out["soak"]["rss_mib_at_half"]
+    ):
         broken = True
     return 1 if broken else 0
 

@@ -35,8 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from _proxy_servers import INSTANT_MODEL, INSTANT_TEXT, MESSAGES, latency_summary  # noqa: E402
-from proxy import API_KEY, Server, _child_env  # noqa: E402
+from _proxy_servers import INSTANT_MODEL, INSTANT_TEXT, MESSAGES, latency_summary
+from proxy import API_KEY, Server, _child_env
 
 AGL_BRIDGE = str(Path(sys.executable).with_name("agl-bridge"))
 _SERVING = re.compile(r"at (?P<url>http://127\.0\.0\.1:\d+)/v1")
@@ -47,10 +47,30 @@ class Front:
 
     def __init__(self, target_url: str, folder: Path) -> None:
         self.proc = subprocess.Popen(
-            [AGL_BRIDGE, "serve", "--model", "tiny", "--served-model-name", INSTANT_MODEL, "--port", "0",
-             "--store", str(folder / "front.sqlite"), "--api-key", API_KEY,
-             "--sampler", "remote", "--sampler-url", target_url, "--sampler-api-key", API_KEY],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_child_env(),
+            [
+                AGL_BRIDGE,
+                "serve",
+                "--model",
+                "tiny",
+                "--served-model-name",
+                INSTANT_MODEL,
+                "--port",
+                "0",
+                "--store",
+                str(folder / "front.sqlite"),
+                "--api-key",
+                API_KEY,
+                "--sampler",
+                "remote",
+                "--sampler-url",
+                target_url,
+                "--sampler-api-key",
+                API_KEY,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_child_env(),
         )
         self.base_url = ""
         self._ready = threading.Event()
@@ -90,7 +110,9 @@ def measure(target: str, front: str, requests: int, warmup: int, block: int) -> 
 
     prompt_ids = list(load_tokenizer("tiny")("Hello there, how are you?", add_special_tokens=False)["input_ids"])
     chat = json.dumps({"model": INSTANT_MODEL, "messages": MESSAGES, "max_tokens": 16}).encode()
-    completion = json.dumps({"model": INSTANT_MODEL, "prompt": prompt_ids, "max_tokens": 16, "logprobs": 0, "return_token_ids": True}).encode()
+    completion = json.dumps(
+        {"model": INSTANT_MODEL, "prompt": prompt_ids, "max_tokens": 16, "logprobs": 0, "return_token_ids": True}
+    ).encode()
     headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
     plans = {
         "chat_direct": (target, "/v1/chat/completions", chat),
@@ -163,7 +185,11 @@ def main() -> None:
             mean_ms=round(through["mean_ms"] - direct["mean_ms"], 3),
         )
     results["bound"] = {"chat_added_p50_ms_max": 2.0, "met": results["chat_added"]["p50_ms"] <= 2.0}
-    results["machine"] = {"cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2), "python": sys.version.split()[0]}
+    results["machine"] = {
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "python": sys.version.split()[0],
+    }
     print(json.dumps(results, indent=2))
 
 

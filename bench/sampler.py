@@ -66,8 +66,12 @@ def main() -> None:
     try:
         _sampler_rate(sampler, prompt, 4)  # warm-up
         _generate_rate(model, prompt, 4)
-        ours = {n: statistics.median(_sampler_rate(sampler, prompt, n) for _ in range(args.repeats)) for n in CONCURRENCY}
-        plain = {n: statistics.median(_generate_rate(model, prompt, n) for _ in range(args.repeats)) for n in CONCURRENCY}
+        ours = {
+            n: statistics.median(_sampler_rate(sampler, prompt, n) for _ in range(args.repeats)) for n in CONCURRENCY
+        }
+        plain = {
+            n: statistics.median(_generate_rate(model, prompt, n) for _ in range(args.repeats)) for n in CONCURRENCY
+        }
     finally:
         sampler.close()
 

@@ -37,7 +37,9 @@ LORA_RANK = 16
 def _batch(client: TrainingClient) -> list[Datum]:
     """16 on-policy datums of 64 input tokens each: 16 prompt tokens (weight 0), 48 trained ones."""
     generator = torch.Generator().manual_seed(0)
-    sequences = [torch.randint(10, client.vocab_size - 10, (TOKENS + 1,), generator=generator).tolist() for _ in range(SEQUENCES)]
+    sequences = [
+        torch.randint(10, client.vocab_size - 10, (TOKENS + 1,), generator=generator).tolist() for _ in range(SEQUENCES)
+    ]
     mask = [0] * PROMPT + [1] * (TOKENS + 1 - PROMPT)
     scored = client.forward([Datum.from_sequence(s, mask) for s in sequences]).loss_fn_outputs
     return [
@@ -82,7 +84,7 @@ class _Load:
         while not self._stop.is_set():
             try:
                 sequence = self.sampler.sample([5 + index, 6, 7, 8], params).sequences[0]
-            except Exception:  # noqa: BLE001 - any failure of a request in flight is a drop
+            except Exception:
                 self.dropped += 1
                 continue
             self.served += 1
@@ -149,11 +151,21 @@ def _grpo_overhead(model: str, steps: int) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory() as run_dir:
         config = GRPOConfig(
-            model=model, run_dir=run_dir, steps=steps, batch_size=8, group_size=8, learning_rate=1e-3,
-            aggregation="token_mean", eval_every=10**6, checkpoint_every=10**6, default_max_tokens=16, tensorboard=False,
+            model=model,
+            run_dir=run_dir,
+            steps=steps,
+            batch_size=8,
+            group_size=8,
+            learning_rate=1e-3,
+            aggregation="token_mean",
+            eval_every=10**6,
+            checkpoint_every=10**6,
+            default_max_tokens=16,
+            tensorboard=False,
         )
         GRPOTrainer(config, agent=toy_agent, tasks=[f"topic {i}" for i in range(16)]).run()
         records = [r for r in read_metrics(run_dir) if r["phase"] == "train"][1:]  # the first step warms up
+
     def median(key: str) -> float:
         return round(statistics.median(r[key] for r in records), 4)
 

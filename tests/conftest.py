@@ -13,11 +13,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import asyncio  # noqa: E402
-import threading  # noqa: E402
-from pathlib import Path  # noqa: E402
+import asyncio
+import threading
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -82,7 +82,9 @@ class RecordingSampler:
 
         A list of id lists gives sample i of a request the ids `token_ids[i % len(token_ids)]`.
         """
-        scripts = [list(ids) for ids in token_ids] if token_ids and isinstance(token_ids[0], list) else [list(token_ids)]
+        scripts = (
+            [list(ids) for ids in token_ids] if token_ids and isinstance(token_ids[0], list) else [list(token_ids)]
+        )
         with self._lock:
             self._scripts[marker] = (scripts, times)
 
@@ -118,11 +120,15 @@ class RecordingSampler:
             tokens = full[: params.max_tokens] if params.max_tokens else full
             scores = self.inner.compute_logprobs([*prompt_tokens, *tokens])[len(prompt_tokens) :]
             reason = "stop" if len(tokens) == len(full) else "length"
-            sequences.append(SampledSequence(list(tokens), list(scores), reason, [self.inner.policy_version] * len(tokens)))
+            sequences.append(
+                SampledSequence(list(tokens), list(scores), reason, [self.inner.policy_version] * len(tokens))
+            )
         return SampleResult(list(prompt_tokens), sequences)
 
     def sample(self, prompt_tokens, params, num_samples=1):
-        result = self._scripted(prompt_tokens, params, num_samples) or self.inner.sample(prompt_tokens, params, num_samples)
+        result = self._scripted(prompt_tokens, params, num_samples) or self.inner.sample(
+            prompt_tokens, params, num_samples
+        )
         return self._log(prompt_tokens, num_samples, params, result)
 
     async def _scripted_async(self, prompt_tokens, params, num_samples):

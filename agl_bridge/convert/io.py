@@ -146,7 +146,9 @@ def check_segment(segment: TrajectorySegment, *, where: str = "segment") -> None
         end = call.response_end
     if segment.loss_mask != expected:
         raise TrajectoryFormatError(f"{where}: loss_mask is not 1 exactly on the calls' response tokens")
-    for mask, logprob, version in zip(segment.loss_mask, segment.sampler_logprobs, segment.policy_versions):
+    for mask, logprob, version in zip(
+        segment.loss_mask, segment.sampler_logprobs, segment.policy_versions, strict=False
+    ):
         if not mask and (logprob != 0.0 or version != -1):
             raise TrajectoryFormatError(
                 f"{where}: a prompt/observation token (mask 0) has sampler logprob {logprob} and policy "

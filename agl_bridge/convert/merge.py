@@ -85,7 +85,7 @@ class _Open:
         loss_mask = [0] * n
         logprobs = [0.0] * n
         versions = [-1] * n
-        for spot, call in zip(self.calls, self.placed):
+        for spot, call in zip(self.calls, self.placed, strict=False):
             start, end = spot.response_start, spot.response_end
             loss_mask[start:end] = [1] * (end - start)
             logprobs[start:end] = call.response_logprobs
@@ -160,7 +160,7 @@ def explain_split(previous: _Open, call: LLMCall) -> tuple[SplitKind, str]:
     ids = previous.input_ids
     prompt = call.prompt_token_ids
     against = f"the previous prompt+response (ending with the call at sequence {previous.last_sequence})"
-    differ = next((i for i, (a, b) in enumerate(zip(prompt, ids)) if a != b), None)
+    differ = next((i for i, (a, b) in enumerate(zip(prompt, ids, strict=False)) if a != b), None)
     if differ is not None:
         detail = (
             f"{where}: prompt does not extend {against} at token {differ} "

@@ -68,9 +68,7 @@ class ConvertOptions:
         object.__setattr__(self, "reward_weights", weights)
         object.__setattr__(self, "default_reward_weight", _finite("default_reward_weight", self.default_reward_weight))
         if self.missing_reward not in _MISSING_REWARD_POLICIES:
-            raise ValueError(
-                f"missing_reward must be one of {_MISSING_REWARD_POLICIES}, got {self.missing_reward!r}"
-            )
+            raise ValueError(f"missing_reward must be one of {_MISSING_REWARD_POLICIES}, got {self.missing_reward!r}")
 
     def weight(self, name: str) -> float:
         """The weight of reward `name` in the return."""

@@ -18,9 +18,9 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 from agl_bridge.models.tiny import MARKER_FILENAME, InvalidTinySpecError, TinyModelSpec, build_tiny
@@ -156,8 +156,10 @@ def resolve_model_path(name_or_path: str | os.PathLike[str]) -> str:
 
 def _is_offline() -> bool:
     """Whether the user asked for offline hub access (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE)."""
-    return any(os.environ.get(var, "").strip().lower() in {"1", "true", "yes", "on"}
-               for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(var, "").strip().lower() in {"1", "true", "yes", "on"}
+        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def _hub_error(hub_id: str, what: str, exc: Exception) -> ModelNotFoundError:

@@ -140,9 +140,7 @@ def corpus_texts() -> list[tuple[str, str]]:
     """The tokenizer training corpus shipped in ``agl_bridge/models/corpus``, as (name, text), sorted by name."""
     corpus_dir = resources.files("agl_bridge.models") / "corpus"
     items = [
-        (entry.name, entry.read_text(encoding="utf-8"))
-        for entry in corpus_dir.iterdir()
-        if entry.name.endswith(".txt")
+        (entry.name, entry.read_text(encoding="utf-8")) for entry in corpus_dir.iterdir() if entry.name.endswith(".txt")
     ]
     if not items:
         raise FileNotFoundError(
@@ -265,9 +263,7 @@ def _build_model(spec: TinyModelSpec, vocab_size: int, eos_id: int, pad_id: int)
     with torch.random.fork_rng(devices=[]):
         model = Qwen3ForCausalLM(config)
     _init_weights(model, spec)
-    model.generation_config = GenerationConfig(
-        eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None
-    )
+    model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None)
     return model
 
 
@@ -365,4 +361,3 @@ def read_marker(model_dir: str | os.PathLike[str]) -> dict | None:
     if not marker.is_file():
         return None
     return json.loads(marker.read_text(encoding="utf-8"))
-

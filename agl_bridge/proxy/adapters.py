@@ -75,15 +75,19 @@ def make_adapter_router(sampler: Any, registry: AdapterRegistry) -> APIRouter:
         if registry.version_of(name) is not None:
             return _error(400, f"The lora adapter '{name}' has already been loaded.", "lora_name")
         if not hasattr(sampler, "load_lora"):
-            return _error(400, f"this server's sampler ({type(sampler).__name__}) cannot load LoRA adapters", "lora_name")
+            return _error(
+                400, f"this server's sampler ({type(sampler).__name__}) cannot load LoRA adapters", "lora_name"
+            )
         try:
             state, scaling, saved = await asyncio.to_thread(read_peft_adapter, path)
         except AdapterFileError as error:
             return _error(400, str(error), "lora_path")
         if saved and _embeddings_tied(getattr(sampler, "model", None)):
             return _error(
-                400, f"the adapter in {path} trains {saved} in full, but this server's model ties its output layer to the "
-                "input embeddings; train without train_unembedding, or serve an untied copy of the model", "lora_path",
+                400,
+                f"the adapter in {path} trains {saved} in full, but this server's model ties its output layer to the "
+                "input embeddings; train without train_unembedding, or serve an untied copy of the model",
+                "lora_path",
             )
         match = _VERSIONED.search(name)
         async with swap_lock:

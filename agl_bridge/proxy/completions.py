@@ -51,7 +51,14 @@ def make_completions_router(service_for: Callable[[str], ChatService]) -> APIRou
         except RemoteSamplerError as error:  # this server samples remotely and no remote server could
             return _error(RequestError(str(error), None, code="sampler_unavailable", status=503))
         except StoreError as error:  # not recorded, so not served: the caller retries once the store is writable
-            return _error(RequestError(f"the call was not served because it could not be recorded: {error}", None, code="store_unavailable", status=503))
+            return _error(
+                RequestError(
+                    f"the call was not served because it could not be recorded: {error}",
+                    None,
+                    code="store_unavailable",
+                    status=503,
+                )
+            )
 
     for path in ("/v1/completions", "/completions"):
         router.add_api_route(path, completions, methods=["POST"], include_in_schema=True)
@@ -66,11 +73,17 @@ async def _complete(service: ChatService, body: dict[str, Any], route: Any, *, r
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= service.max_samples_per_request:
         raise RequestError(f"n must be an integer in 1..{service.max_samples_per_request}, got {n!r}", "n")
     want_logprobs = body.get("logprobs")
-    if want_logprobs is not None and (not isinstance(want_logprobs, int) or isinstance(want_logprobs, bool) or want_logprobs < 0):
+    if want_logprobs is not None and (
+        not isinstance(want_logprobs, int) or isinstance(want_logprobs, bool) or want_logprobs < 0
+    ):
         raise RequestError(f"logprobs must be a non-negative integer or null, got {want_logprobs!r}", "logprobs")
     prompt_logprobs = body.get("prompt_logprobs")
-    if prompt_logprobs is not None and (not isinstance(prompt_logprobs, int) or isinstance(prompt_logprobs, bool) or prompt_logprobs < 0):
-        raise RequestError(f"prompt_logprobs must be a non-negative integer or null, got {prompt_logprobs!r}", "prompt_logprobs")
+    if prompt_logprobs is not None and (
+        not isinstance(prompt_logprobs, int) or isinstance(prompt_logprobs, bool) or prompt_logprobs < 0
+    ):
+        raise RequestError(
+            f"prompt_logprobs must be a non-negative integer or null, got {prompt_logprobs!r}", "prompt_logprobs"
+        )
     return_ids = bool(body.get("return_token_ids", False))
     tokenizer = service.codec.tokenizer
     choices, prompt_total, completion_total = [], 0, 0
@@ -81,7 +94,12 @@ async def _complete(service: ChatService, body: dict[str, Any], route: Any, *, r
             raise RequestError(str(error), "prompt", code="context_length_exceeded") from None
         if record:
             await service.recorder.record_completion(
-                route, model=service.model_name, prompt_token_ids=prompt_ids, sampled=sampled, started=started, tokenizer=tokenizer
+                route,
+                model=service.model_name,
+                prompt_token_ids=prompt_ids,
+                sampled=sampled,
+                started=started,
+                tokenizer=tokenizer,
             )
         prompt_total += len(prompt_ids)
         scored = None if prompt_logprobs is None else await _prompt_logprobs(service, prompt_ids)
@@ -115,7 +133,11 @@ async def _complete(service: ChatService, body: dict[str, Any], route: Any, *, r
         "created": int(started),
         "model": service.model_name,
         "choices": choices,
-        "usage": {"prompt_tokens": prompt_total, "completion_tokens": completion_total, "total_tokens": prompt_total + completion_total},
+        "usage": {
+            "prompt_tokens": prompt_total,
+            "completion_tokens": completion_total,
+            "total_tokens": prompt_total + completion_total,
+        },
     }
 
 
@@ -130,7 +152,9 @@ async def _prompt_logprobs(service: ChatService, prompt_ids: list[int]) -> list[
     tokenizer = service.codec.tokenizer
     scores = await service.sampler.compute_logprobs_async(prompt_ids)
     return [
-        None if score is None else {str(token): {"logprob": score, "rank": None, "decoded_token": tokenizer.decode([token])}}
+        None
+        if score is None
+        else {str(token): {"logprob": score, "rank": None, "decoded_token": tokenizer.decode([token])}}
         for token, score in zip(prompt_ids, scores, strict=True)
     ]
 

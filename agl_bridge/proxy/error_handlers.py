@@ -25,9 +25,20 @@ from agl_bridge.proxy.errors import INVALID_REQUEST, error_body
 
 logger = logging.getLogger(__name__)
 _STATUS_CODES = {
-    400: "invalid_value", 401: "invalid_api_key", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
-    408: "timeout", 413: "payload_too_large", 415: "unsupported_media_type", 422: "invalid_value",
-    429: "rate_limit_exceeded", 500: "internal_error", 502: "bad_gateway", 503: "service_unavailable", 504: "timeout",
+    400: "invalid_value",
+    401: "invalid_api_key",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "timeout",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_value",
+    429: "rate_limit_exceeded",
+    500: "internal_error",
+    502: "bad_gateway",
+    503: "service_unavailable",
+    504: "timeout",
 }
 
 
@@ -119,10 +130,15 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
     detail = getattr(exc, "detail", None)
     message = detail if isinstance(detail, str) and detail else "error"
     if status == 404:
-        message = f"no route {request.method} {request.url.path}; the API is under /v1 (or /rollout/ROLLOUT_ID/attempt/ATTEMPT_ID/v1)"
+        message = (
+            f"no route {request.method} {request.url.path}; the API is under /v1 "
+            "(or /rollout/ROLLOUT_ID/attempt/ATTEMPT_ID/v1)"
+        )
     elif status == 405:
         message = f"{request.method} is not allowed on {request.url.path}"
-    body = error_body(message, type_=INVALID_REQUEST if status < 500 else "server_error", code=_STATUS_CODES.get(status))
+    body = error_body(
+        message, type_=INVALID_REQUEST if status < 500 else "server_error", code=_STATUS_CODES.get(status)
+    )
     return JSONResponse(body, status_code=status, headers=dict(getattr(exc, "headers", None) or {}))
 
 

@@ -25,7 +25,9 @@ class RequestError(ValueError):
         self.status = status
 
 
-def error_body(message: str, *, type_: str = INVALID_REQUEST, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, *, type_: str = INVALID_REQUEST, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     """The OpenAI error object for a JSON response."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 

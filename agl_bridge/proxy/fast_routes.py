@@ -19,7 +19,9 @@ NO_NATIVE_TELEMETRY = {"tracing": False, "metrics": False, "logs": False}
 and FastAPI's per-request spans would loop into `/v1/traces` once an agent in the same process
 installs a TracerProvider."""
 
-ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+ASGIApp = Callable[
+    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]
+]
 
 
 class FastRoutes:
@@ -27,15 +29,18 @@ class FastRoutes:
 
     def __init__(self, app: ASGIApp, routes: Iterable[BaseRoute]) -> None:
         self.app = app
-        self.fast = FastAPI(
-            openapi_url=None, docs_url=None, redoc_url=None, telemetry=NO_NATIVE_TELEMETRY
-        )
+        self.fast = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, telemetry=NO_NATIVE_TELEMETRY)
         self.paths: set[str] = set()
         for route in routes:
             self.fast.router.routes.append(route)
             self.paths.add(getattr(route, "path", ""))
 
-    async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]) -> None:
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
         if scope["type"] == "http" and scope["path"] in self.paths:
             await self.fast(scope, receive, send)
         else:

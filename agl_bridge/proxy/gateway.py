@@ -39,7 +39,9 @@ class Gateway:
         self.app = app
         self._key = api_key.encode()
 
-    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]) -> None:
+    async def __call__(
+        self, scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
+    ) -> None:
         if scope["type"] == "websocket" and not self._authorized(list(scope.get("headers", []))):
             # LiteLLM serves websocket routes (/v1/realtime) too: the key guards them alike. A close
             # before the handshake is accepted is answered with HTTP 403.
@@ -54,17 +56,27 @@ class Gateway:
         if match:
             rollout, attempt, rest = match["rollout"], match["attempt"], match["rest"] or "/"
             headers = [
-                (k, v) for k, v in headers if k not in (semconv.HEADER_ROLLOUT_ID.encode(), semconv.HEADER_ATTEMPT_ID.encode())
+                (k, v)
+                for k, v in headers
+                if k not in (semconv.HEADER_ROLLOUT_ID.encode(), semconv.HEADER_ATTEMPT_ID.encode())
             ]
-            headers += [(semconv.HEADER_ROLLOUT_ID.encode(), rollout.encode()), (semconv.HEADER_ATTEMPT_ID.encode(), attempt.encode())]
+            headers += [
+                (semconv.HEADER_ROLLOUT_ID.encode(), rollout.encode()),
+                (semconv.HEADER_ATTEMPT_ID.encode(), attempt.encode()),
+            ]
             scope = {**scope, "path": rest, "raw_path": rest.encode(), "headers": headers}
             path = rest
         if path not in OPEN_PATHS and not self._authorized(headers):
-            await _send_json(send, 401, error_body(
-                "missing or wrong API key: send the key printed by `agl-bridge serve` as "
-                "'Authorization: Bearer <key>' (the OpenAI client's api_key)",
-                type_=AUTHENTICATION, code="invalid_api_key",
-            ))
+            await _send_json(
+                send,
+                401,
+                error_body(
+                    "missing or wrong API key: send the key printed by `agl-bridge serve` as "
+                    "'Authorization: Bearer <key>' (the OpenAI client's api_key)",
+                    type_=AUTHENTICATION,
+                    code="invalid_api_key",
+                ),
+            )
             return
         problem = _id_problem(headers)
         if problem is not None:
@@ -75,10 +87,15 @@ class Gateway:
             # plain-text 500 from its auth layer, on GET routes too; such a body is never valid.
             receive, first = await _peek_first_byte(receive)
             if first is not None and first != b"{":
-                await _send_json(send, 400, error_body(
-                    "the request body must be a JSON object (e.g. {\"model\": ..., \"messages\": [...]})",
-                    param="request_body", code="invalid_value",
-                ))
+                await _send_json(
+                    send,
+                    400,
+                    error_body(
+                        'the request body must be a JSON object (e.g. {"model": ..., "messages": [...]})',
+                        param="request_body",
+                        code="invalid_value",
+                    ),
+                )
                 return
         await self.app(scope, receive, send)
 
@@ -111,8 +128,13 @@ def _id_problem(headers: list[tuple[bytes, bytes]]) -> tuple[str, str] | None:
     return None
 
 
-_NOT_JSON = (b"application/x-protobuf", b"application/protobuf", b"multipart/", b"application/x-www-form-urlencoded",
-             b"application/octet-stream")
+_NOT_JSON = (
+    b"application/x-protobuf",
+    b"application/protobuf",
+    b"multipart/",
+    b"application/x-www-form-urlencoded",
+    b"application/octet-stream",
+)
 
 
 def _json_or_untyped(headers: list[tuple[bytes, bytes]]) -> bool:
@@ -154,6 +176,11 @@ async def _peek_first_byte(
 
 async def _send_json(send: Callable[[Any], Awaitable[None]], status: int, body: dict[str, Any]) -> None:
     payload = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})

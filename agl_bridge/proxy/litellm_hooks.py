@@ -49,11 +49,17 @@ class ModelCheck(CustomLogger):
                 openai_code="model_not_found",
             )
         response_format = data.get("response_format")
-        if response_format is not None and not (isinstance(response_format, dict) and isinstance(response_format.get("type"), str)):
+        if response_format is not None and not (
+            isinstance(response_format, dict) and isinstance(response_format.get("type"), str)
+        ):
             # LiteLLM's own parameter mapping raises on it and answers 500
             raise ProxyException(
-                message=f'response_format must be an object like {{"type": "json_object"}}, got {response_format!r:.100}',
-                type="invalid_request_error", param="response_format", code=400, openai_code="invalid_value",
+                message=f'response_format must be an object like {{"type": "json_object"}}, got '
+                f"{response_format!r:.100}",
+                type="invalid_request_error",
+                param="response_format",
+                code=400,
+                openai_code="invalid_value",
             )
         if call_type in _CHAT_CALL_TYPES and "messages" in data and _is_ours(router, model):
             try:
@@ -84,7 +90,9 @@ class TextCallLogger(CustomLogger):
         super().__init__()
         self.recorder = recorder
 
-    async def async_log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
+    async def async_log_success_event(
+        self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
         """Store the call unless our own provider served (and recorded) it."""
         litellm_params = kwargs.get("litellm_params") or {}
         if (kwargs.get("custom_llm_provider") or litellm_params.get("custom_llm_provider")) == PROVIDER_NAME:

@@ -12,7 +12,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-_PATCHED_MODULES = ("litellm.proxy.auth.auth_checks", "litellm.proxy.guardrails.guardrail_hooks.tool_policy.tool_policy_guardrail")
+_PATCHED_MODULES = (
+    "litellm.proxy.auth.auth_checks",
+    "litellm.proxy.guardrails.guardrail_hooks.tool_policy.tool_policy_guardrail",
+)
 
 
 def patch_litellm() -> None:

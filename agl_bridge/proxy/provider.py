@@ -58,11 +58,25 @@ class AglProvider(CustomLLM):
             )
         return self._services[name]
 
-    async def acompletion(self, model: str, messages: list, api_base: Any, custom_prompt_dict: Any,
-                          model_response: ModelResponse, print_verbose: Any, encoding: Any, api_key: Any,
-                          logging_obj: Any, optional_params: dict, acompletion: Any = None,
-                          litellm_params: dict | None = None, logger_fn: Any = None, headers: Any = None,
-                          timeout: Any = None, client: Any = None) -> ModelResponse:
+    async def acompletion(
+        self,
+        model: str,
+        messages: list,
+        api_base: Any,
+        custom_prompt_dict: Any,
+        model_response: ModelResponse,
+        print_verbose: Any,
+        encoding: Any,
+        api_key: Any,
+        logging_obj: Any,
+        optional_params: dict,
+        acompletion: Any = None,
+        litellm_params: dict | None = None,
+        logger_fn: Any = None,
+        headers: Any = None,
+        timeout: Any = None,
+        client: Any = None,
+    ) -> ModelResponse:
         """Serve a non-streaming chat completion."""
         service = self.service(model)
         try:
@@ -76,11 +90,25 @@ class AglProvider(CustomLLM):
             raise sampler_unavailable_error(error, model) from None
         return _fill_response(model_response, model, service, request, result)
 
-    async def astreaming(self, model: str, messages: list, api_base: Any, custom_prompt_dict: Any,
-                         model_response: ModelResponse, print_verbose: Any, encoding: Any, api_key: Any,
-                         logging_obj: Any, optional_params: dict, acompletion: Any = None,
-                         litellm_params: dict | None = None, logger_fn: Any = None, headers: Any = None,
-                         timeout: Any = None, client: Any = None) -> AsyncIterator[ModelResponseStream]:
+    async def astreaming(
+        self,
+        model: str,
+        messages: list,
+        api_base: Any,
+        custom_prompt_dict: Any,
+        model_response: ModelResponse,
+        print_verbose: Any,
+        encoding: Any,
+        api_key: Any,
+        logging_obj: Any,
+        optional_params: dict,
+        acompletion: Any = None,
+        litellm_params: dict | None = None,
+        logger_fn: Any = None,
+        headers: Any = None,
+        timeout: Any = None,
+        client: Any = None,
+    ) -> AsyncIterator[ModelResponseStream]:
         """Serve a streaming chat completion, token by token."""
         service = self.service(model)
         try:
@@ -109,9 +137,17 @@ def _fill_response(
 ) -> ModelResponse:
     choices = []
     for choice in result.choices:
-        message = Message(content=choice.message.content, role="assistant", tool_calls=_tool_calls(choice.message.tool_calls))
-        logprobs = _logprobs(service, choice.sequence.tokens, choice.sequence.logprobs, choice.top_logprobs) if request.logprobs else None
-        out = Choices(index=choice.index, message=message, finish_reason=choice.message.finish_reason, logprobs=logprobs)
+        message = Message(
+            content=choice.message.content, role="assistant", tool_calls=_tool_calls(choice.message.tool_calls)
+        )
+        logprobs = (
+            _logprobs(service, choice.sequence.tokens, choice.sequence.logprobs, choice.top_logprobs)
+            if request.logprobs
+            else None
+        )
+        out = Choices(
+            index=choice.index, message=message, finish_reason=choice.message.finish_reason, logprobs=logprobs
+        )
         if request.return_token_ids:
             out.token_ids = list(choice.sequence.tokens)
         choices.append(out)
@@ -205,21 +241,30 @@ def _tool_calls(calls: list[ToolCall]) -> list[ChatCompletionMessageToolCall] | 
     if not calls:
         return None
     return [
-        ChatCompletionMessageToolCall(id=c.id, type="function", function=Function(name=c.function.name, arguments=c.function.arguments))
+        ChatCompletionMessageToolCall(
+            id=c.id, type="function", function=Function(name=c.function.name, arguments=c.function.arguments)
+        )
         for c in calls
     ]
 
 
 def _tool_call_deltas(calls: list[ToolCall]) -> list[dict[str, Any]]:
     return [
-        {"index": i, "id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+        {
+            "index": i,
+            "id": c.id,
+            "type": "function",
+            "function": {"name": c.function.name, "arguments": c.function.arguments},
+        }
         for i, c in enumerate(calls)
     ]
 
 
 def _usage(result: ChatResult) -> Usage:
     prompt = len(result.prompt_token_ids)
-    return Usage(prompt_tokens=prompt, completion_tokens=result.completion_tokens, total_tokens=prompt + result.completion_tokens)
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=result.completion_tokens, total_tokens=prompt + result.completion_tokens
+    )
 
 
 def _logprobs(
@@ -230,9 +275,11 @@ def _logprobs(
     content = []
     for position, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True)):
         text = text_of(token)
-        alternatives = [] if top is None else [
-            {"token": text_of(t), "logprob": lp, "bytes": list(text_of(t).encode())} for t, lp in top[position]
-        ]
+        alternatives = (
+            []
+            if top is None
+            else [{"token": text_of(t), "logprob": lp, "bytes": list(text_of(t).encode())} for t, lp in top[position]]
+        )
         content.append({"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": alternatives})
     return {"content": content}
 

@@ -48,11 +48,20 @@ class CallRecorder:
         )
 
     async def record_completion(
-        self, route: RolloutRoute, *, model: str, prompt_token_ids: list[int], sampled: SampleResult, started: float, tokenizer: Any
+        self,
+        route: RolloutRoute,
+        *,
+        model: str,
+        prompt_token_ids: list[int],
+        sampled: SampleResult,
+        started: float,
+        tokenizer: Any,
     ) -> list[int]:
         """Store one token-level call per sequence of a token-prompt completion (no messages)."""
         choices = [(s, tokenizer.decode(s.tokens, skip_special_tokens=False), s.stop_reason) for s in sampled.sequences]
-        return await self._record_choices(route, model, prompt_token_ids, choices, messages=[], prefix_breaks=[], started=started)
+        return await self._record_choices(
+            route, model, prompt_token_ids, choices, messages=[], prefix_breaks=[], started=started
+        )
 
     async def _record_choices(
         self,

@@ -31,15 +31,15 @@ from agl_bridge.chat import ChatCodec
 from agl_bridge.proxy.adapters import AdapterRegistry, make_adapter_router
 from agl_bridge.proxy.affinity import AffinityMiddleware
 from agl_bridge.proxy.completions import make_completions_router
+from agl_bridge.proxy.error_handlers import install_error_handlers
 from agl_bridge.proxy.errors import RequestError
 from agl_bridge.proxy.fast_routes import NO_NATIVE_TELEMETRY, FastRoutes
-from agl_bridge.proxy.error_handlers import install_error_handlers
-from agl_bridge.proxy.litellm_patches import patch_litellm
 from agl_bridge.proxy.gateway import Gateway
+from agl_bridge.proxy.litellm_hooks import ModelCheck, TextCallLogger
+from agl_bridge.proxy.litellm_patches import patch_litellm
 from agl_bridge.proxy.provider import PROVIDER_NAME, AglProvider
 from agl_bridge.proxy.recording import CallRecorder
 from agl_bridge.proxy.service import ChatService
-from agl_bridge.proxy.litellm_hooks import ModelCheck, TextCallLogger
 from agl_bridge.sampler.base import TokenSampler
 from agl_bridge.store.sqlite import SQLiteStore
 
@@ -111,10 +111,14 @@ def litellm_config(served: list[str], api_key: str, user_config: Path | None = N
         raise ProxyStartError(f"model_list in {user_config} must be a list")
     clashes = sorted({m.get("model_name") for m in user_models if isinstance(m, dict)} & set(served))
     if clashes:
-        raise ProxyStartError(f"the LiteLLM config {user_config} also defines {clashes}, which agl-bridge serves; rename them")
+        raise ProxyStartError(
+            f"the LiteLLM config {user_config} also defines {clashes}, which agl-bridge serves; rename them"
+        )
     litellm_settings = dict(user.get("litellm_settings") or {})
     if "custom_provider_map" in litellm_settings:
-        raise ProxyStartError(f"litellm_settings.custom_provider_map in {user_config} would replace agl-bridge's provider; remove it")
+        raise ProxyStartError(
+            f"litellm_settings.custom_provider_map in {user_config} would replace agl-bridge's provider; remove it"
+        )
     general = {**(user.get("general_settings") or {}), "master_key": api_key}
     general.setdefault("trusted_proxy_ranges", [])
     return {
@@ -285,7 +289,11 @@ class ProxyServer:
         litellm.custom_provider_map = [{"provider": PROVIDER_NAME, "custom_handler": provider}]
         custom_llm_setup()
         ours = (ModelCheck, TextCallLogger)
-        litellm.callbacks = [*[c for c in litellm.callbacks if not isinstance(c, ours)], ModelCheck(), TextCallLogger(recorder)]
+        litellm.callbacks = [
+            *[c for c in litellm.callbacks if not isinstance(c, ours)],
+            ModelCheck(),
+            TextCallLogger(recorder),
+        ]
 
         self._config_dir = tempfile.mkdtemp(prefix="agl-litellm-")
         config_path = Path(self._config_dir) / "litellm_config.yaml"
@@ -305,7 +313,10 @@ class ProxyServer:
                 if adapters.names() or model.startswith(f"{self.model_name}-v"):
                     raise RequestError(
                         f"adapter {model!r} is not loaded on this server (loaded: {adapters.names()}); load it with "
-                        "POST /v1/load_lora_adapter", "model", code="model_not_found", status=404,
+                        "POST /v1/load_lora_adapter",
+                        "model",
+                        code="model_not_found",
+                        status=404,
                     ) from None
                 raise RequestError(str(getattr(error, "message", error)), "model") from None
 
@@ -349,5 +360,3 @@ def wait_until_healthy(base_url: str, timeout: float = 60.0) -> None:
             pass
         time.sleep(0.1)
     raise ProxyStartError(f"no proxy answered at {base_url} within {timeout:.0f}s")
-
-

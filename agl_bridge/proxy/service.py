@@ -254,9 +254,13 @@ class ChatService:
     ) -> ChatResult:
         choices = []
         for index, sequence in enumerate(sampled.sequences):
-            message = self.codec.decode_response(sequence.tokens, sequence.stop_reason, stop_strings=request.stop_strings)
+            message = self.codec.decode_response(
+                sequence.tokens, sequence.stop_reason, stop_strings=request.stop_strings
+            )
             if not request.parse_tool_calls and message.tool_calls:
-                message = AssistantMessage(message.text, [], "stop" if sequence.stop_reason == "stop" else "length", message.text)
+                message = AssistantMessage(
+                    message.text, [], "stop" if sequence.stop_reason == "stop" else "length", message.text
+                )
             choices.append(ChoiceResult(index, message, sequence))
         if request.top_logprobs:
             await self._add_top_logprobs(prompt.token_ids, choices, request.top_logprobs)

@@ -124,7 +124,9 @@ class Runner:
             for _ in range(self.config.group_size):
                 rollouts.append(await self.store.create_rollout(task, group_id=group_id))
         limit = asyncio.Semaphore(self.config.concurrency)
-        return list(await asyncio.gather(*(self._run_rollout(r.rollout_id, r.group_id, r.task, limit) for r in rollouts)))
+        return list(
+            await asyncio.gather(*(self._run_rollout(r.rollout_id, r.group_id, r.task, limit) for r in rollouts))
+        )
 
     def endpoint(self, rollout_id: str, attempt_id: str) -> Endpoint:
         """The endpoint an agent gets for one attempt."""
@@ -145,17 +147,28 @@ class Runner:
                 result = await self._run_attempt(task, self.endpoint(rollout_id, attempt.attempt_id))
                 if result.rewards:
                     await self.store.add_rewards(
-                        [Reward(rollout_id=rollout_id, attempt_id=attempt.attempt_id, name=k, value=v) for k, v in result.rewards.items()]
+                        [
+                            Reward(rollout_id=rollout_id, attempt_id=attempt.attempt_id, name=k, value=v)
+                            for k, v in result.rewards.items()
+                        ]
                     )
-                await self.store.finish_attempt(attempt.attempt_id, result.status, error=result.error, traceback=result.traceback)
-            if result.status is AttemptStatus.SUCCEEDED or result.status not in retry.retry_on or number == retry.max_attempts:
+                await self.store.finish_attempt(
+                    attempt.attempt_id, result.status, error=result.error, traceback=result.traceback
+                )
+            if (
+                result.status is AttemptStatus.SUCCEEDED
+                or result.status not in retry.retry_on
+                or number == retry.max_attempts
+            ):
                 final = RolloutStatus(result.status.value)
                 await self.store.set_rollout_status(rollout_id, final)
                 return RolloutOutcome(rollout_id, group_id, task, final, number, result.rewards, result.error)
         raise AssertionError("unreachable: the last attempt always returns")
 
     async def _run_attempt(self, task: Any, endpoint: Endpoint) -> _AttemptResult:
-        context = RolloutContext(endpoint.rollout_id, endpoint.attempt_id, endpoint=self.server_url, api_key=self.api_key)
+        context = RolloutContext(
+            endpoint.rollout_id, endpoint.attempt_id, endpoint=self.server_url, api_key=self.api_key
+        )
         try:
             with rollout_context(context):
                 returned = await asyncio.wait_for(self._invoke(task, endpoint), self.config.timeout_s)
@@ -164,12 +177,16 @@ class Runner:
             message = f"the agent gave no result within {self.config.timeout_s:g}s (RunnerConfig.timeout_s)"
             return _AttemptResult(AttemptStatus.TIMED_OUT, error=message)
         except Exception as error:
-            return _AttemptResult(AttemptStatus.FAILED, error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc())
+            return _AttemptResult(
+                AttemptStatus.FAILED, error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc()
+            )
 
     async def _invoke(self, task: Any, endpoint: Endpoint) -> Any:
         if isinstance(self.agent, AgentCommand):
             return await self.agent.run(task, endpoint)
-        if inspect.iscoroutinefunction(self.agent) or inspect.iscoroutinefunction(getattr(self.agent, "__call__", None)):
+        if inspect.iscoroutinefunction(self.agent) or inspect.iscoroutinefunction(
+            getattr(self.agent, "__call__", None)  # noqa: B004 (a callable object's async __call__)
+        ):
             return await self.agent(task, endpoint)
         loop = asyncio.get_running_loop()
         returned = await loop.run_in_executor(self._threads, contextvars.copy_context().run, self.agent, task, endpoint)
@@ -216,4 +233,3 @@ def run_rollouts(
                 runner.close()
 
     return asyncio.run(main())
-

@@ -36,7 +36,9 @@ def _load_jsonl(path: Path) -> list[Any]:
             try:
                 tasks.append(json.loads(line))
             except json.JSONDecodeError as error:
-                raise TaskFileError(f"{path}, line {number}: not valid JSON ({error.msg} at column {error.colno})") from None
+                raise TaskFileError(
+                    f"{path}, line {number}: not valid JSON ({error.msg} at column {error.colno})"
+                ) from None
     return tasks
 
 
@@ -48,6 +50,8 @@ def _load_csv(path: Path) -> list[dict[str, str]]:
         tasks = []
         for row in reader:
             if None in row or any(value is None for value in row.values()):
-                raise TaskFileError(f"{path}, line {reader.line_num}: expected {len(reader.fieldnames)} fields like the header")
+                raise TaskFileError(
+                    f"{path}, line {reader.line_num}: expected {len(reader.fieldnames)} fields like the header"
+                )
             tasks.append(dict(row))
     return tasks

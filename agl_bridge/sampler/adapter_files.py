@@ -28,7 +28,9 @@ def read_peft_adapter(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Ten
     try:
         config = json.loads(config_file.read_text())
     except FileNotFoundError:
-        raise AdapterFileError(f"no adapter_config.json in {folder}: pass the folder a peft adapter was saved to") from None
+        raise AdapterFileError(
+            f"no adapter_config.json in {folder}: pass the folder a peft adapter was saved to"
+        ) from None
     except (OSError, ValueError) as error:
         raise AdapterFileError(f"cannot read {config_file}: {error}") from None
     rank, alpha = config.get("r"), config.get("lora_alpha")

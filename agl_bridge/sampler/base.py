@@ -67,13 +67,19 @@ class SamplingParams:
         if self.max_tokens is not None and (
             not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1
         ):
-            raise SamplingParamError("max_tokens", f"max_tokens must be an integer >= 1 (or None), got {self.max_tokens!r}")
+            raise SamplingParamError(
+                "max_tokens", f"max_tokens must be an integer >= 1 (or None), got {self.max_tokens!r}"
+            )
         if not _is_finite_number(self.temperature) or self.temperature < 0:
-            raise SamplingParamError("temperature", f"temperature must be a finite number >= 0, got {self.temperature!r}")
+            raise SamplingParamError(
+                "temperature", f"temperature must be a finite number >= 0, got {self.temperature!r}"
+            )
         if not _is_finite_number(self.top_p) or not 0 < self.top_p <= 1:
             raise SamplingParamError("top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
-            raise SamplingParamError("top_k", f"top_k must be an integer >= 1, or -1/0 to disable it, got {self.top_k!r}")
+            raise SamplingParamError(
+                "top_k", f"top_k must be an integer >= 1, or -1/0 to disable it, got {self.top_k!r}"
+            )
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise SamplingParamError("seed", f"seed must be an integer or None, got {self.seed!r}")
         for token_id in self.stop_token_ids:

@@ -55,7 +55,9 @@ class SamplerSpec:
         if self.kind == "remote":
             if not self.urls:
                 raise SamplerSpecError(
-                    "sampler_urls", "sampler 'remote' needs at least one server URL (e.g. http://gpu-1:8000), comma-separated for several"
+                    "sampler_urls",
+                    "sampler 'remote' needs at least one server URL (e.g. http://gpu-1:8000), comma-separated for "
+                    "several",
                 )
             for url in self.urls:
                 try:
@@ -63,9 +65,13 @@ class SamplerSpec:
                 except ValueError as error:
                     raise SamplerSpecError("sampler_urls", str(error)) from None
         elif self.urls:
-            raise SamplerSpecError("sampler_urls", f"sampler URLs are only used with sampler 'remote' (sampler is {self.kind!r})")
+            raise SamplerSpecError(
+                "sampler_urls", f"sampler URLs are only used with sampler 'remote' (sampler is {self.kind!r})"
+            )
         if not isinstance(self.timeout_s, (int, float)) or isinstance(self.timeout_s, bool) or self.timeout_s <= 0:
-            raise SamplerSpecError("sampler_timeout_s", f"sampler_timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
+            raise SamplerSpecError(
+                "sampler_timeout_s", f"sampler_timeout_s must be a number of seconds > 0, got {self.timeout_s!r}"
+            )
 
 
 def split_urls(values: list[str] | str | None) -> list[str]:
@@ -87,7 +93,13 @@ def build_sampler(spec: SamplerSpec, model_path: str, tokenizer: Any, *, served_
     if spec.kind == "vllm":
         from agl_bridge.sampler.vllm import VLLMSampler
 
-        return VLLMSampler(model_path, tokenizer=tokenizer, max_batch_size=spec.max_batch_size, adapter_dir=spec.adapter_dir, seed=spec.seed)
+        return VLLMSampler(
+            model_path,
+            tokenizer=tokenizer,
+            max_batch_size=spec.max_batch_size,
+            adapter_dir=spec.adapter_dir,
+            seed=spec.seed,
+        )
     from agl_bridge.sampler.remote import RemoteSampler
 
     return RemoteSampler(

@@ -208,7 +208,10 @@ class HFSampler:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent | None] = asyncio.Queue()
         future = self.submit(
-            prompt_tokens, params, num_samples, on_token=lambda event: loop.call_soon_threadsafe(events.put_nowait, event)
+            prompt_tokens,
+            params,
+            num_samples,
+            on_token=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
         )
         future.add_done_callback(lambda _: loop.call_soon_threadsafe(events.put_nowait, None))
         try:
@@ -466,7 +469,10 @@ class HFSampler:
     def _finish(self, row: _Row, reason: str) -> None:
         request = row.request
         request.sequences[row.sample_index] = SampledSequence(
-            tokens=row.tokens, logprobs=row.logprobs, stop_reason=reason, token_policy_versions=row.versions  # type: ignore[arg-type]
+            tokens=row.tokens,
+            logprobs=row.logprobs,
+            stop_reason=reason,
+            token_policy_versions=row.versions,  # type: ignore[arg-type]
         )
         if all(s is not None for s in request.sequences) and not request.future.done():
             request.future.set_result(SampleResult(list(request.prompt), list(request.sequences)))  # type: ignore[arg-type]

@@ -97,7 +97,11 @@ class RemoteSampler:
             urls = [u for u in urls.split(",") if u.strip()]
         if not model:
             raise ValueError("RemoteSampler needs the model name the servers serve (vLLM's --served-model-name)")
-        for name, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s), ("cooldown_s", cooldown_s)):
+        for name, value in (
+            ("timeout_s", timeout_s),
+            ("connect_timeout_s", connect_timeout_s),
+            ("cooldown_s", cooldown_s),
+        ):
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
         self.pool = ServerPool(urls, cooldown_s=cooldown_s)
@@ -113,7 +117,9 @@ class RemoteSampler:
             semconv.HEADER_RECORDED_UPSTREAM: "1",
             **({"Authorization": f"Bearer {api_key}"} if api_key else {}),
         }
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = weakref.WeakKeyDictionary()
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
+            weakref.WeakKeyDictionary()
+        )
         self._loop_thread = LoopThread("agl-remote-sampler")
         self._lock = threading.Lock()
         self._active = (model, 0)  # (adapter name requests use, its policy version)
@@ -157,7 +163,10 @@ class RemoteSampler:
         body = completion_body(name, prompt, params, num_samples)
         try:
             return await self._call(
-                "sampling", body, lambda url, answer: parse_completion(url, answer, prompt, num_samples, version), len(prompt)
+                "sampling",
+                body,
+                lambda url, answer: parse_completion(url, answer, prompt, num_samples, version),
+                len(prompt),
             )
         finally:
             self._end(name)
@@ -176,7 +185,10 @@ class RemoteSampler:
         name, _ = self._begin()
         try:
             return await self._call(
-                "scoring", scoring_body(name, ids), lambda url, answer: parse_prompt_logprobs(url, answer, ids), len(ids)
+                "scoring",
+                scoring_body(name, ids),
+                lambda url, answer: parse_prompt_logprobs(url, answer, ids),
+                len(ids),
             )
         finally:
             self._end(name)
@@ -207,7 +219,9 @@ class RemoteSampler:
         name = f"{self.model}-v{new_version}"
         where = str(Path(path).resolve())
         self._adapter_paths[name] = where
-        results = await asyncio.gather(*(self._load_on(server, name, where) for server in self.pool.servers), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self._load_on(server, name, where) for server in self.pool.servers), return_exceptions=True
+        )
         failures = []
         for server, result in zip(self.pool.servers, results, strict=True):
             if isinstance(result, ServerFailure):
@@ -256,7 +270,11 @@ class RemoteSampler:
 
     def _check(self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int) -> list[int]:
         params.validate(self._vocab_size)
-        if not isinstance(num_samples, int) or isinstance(num_samples, bool) or not 1 <= num_samples <= self.max_batch_size:
+        if (
+            not isinstance(num_samples, int)
+            or isinstance(num_samples, bool)
+            or not 1 <= num_samples <= self.max_batch_size
+        ):
             raise ValueError(f"num_samples must be an integer in 1..{self.max_batch_size}, got {num_samples!r}")
         prompt = [int(t) for t in prompt_tokens]
         if not prompt:
@@ -324,8 +342,9 @@ class RemoteSampler:
         message, param, code = error_message(answer, f"HTTP {status} with no error message")
         if status in (401, 403):
             raise ServerFailure(
-                server.url, f"refused our key (HTTP {status}: {message}); pass the server's key as --sampler-api-key "
-                "(or sampler_api_key in the trainer config)"
+                server.url,
+                f"refused our key (HTTP {status}: {message}); pass the server's key as --sampler-api-key "
+                "(or sampler_api_key in the trainer config)",
             )
         if status >= 500 or status in (404, 408, 429):
             raise ServerFailure(server.url, f"HTTP {status}: {message}")
@@ -333,22 +352,37 @@ class RemoteSampler:
             raise RemoteContextLengthError(server.url, prompt_length, self._max_context, message)
         raise RemoteRequestError(server.url, status, message, param)
 
-    async def _post(self, client: aiohttp.ClientSession, server: ServerState, path: str, body: dict[str, Any]) -> _Answer:
+    async def _post(
+        self, client: aiohttp.ClientSession, server: ServerState, path: str, body: dict[str, Any]
+    ) -> _Answer:
         try:
-            async with client.post(f"{server.url}{path}", data=json.dumps(body, separators=(",", ":")).encode()) as response:
+            async with client.post(
+                f"{server.url}{path}", data=json.dumps(body, separators=(",", ":")).encode()
+            ) as response:
                 return _Answer(response.status, await response.read())
-        except asyncio.TimeoutError as error:  # aiohttp's timeouts are asyncio.TimeoutError subclasses
-            raise ServerFailure(server.url, f"no answer on {path} within the timeout ({_timeout_text(self._timeout)}; {type(error).__name__})") from None
+        except TimeoutError as error:  # aiohttp's timeouts are asyncio.TimeoutError subclasses
+            raise ServerFailure(
+                server.url,
+                f"no answer on {path} within the timeout ({_timeout_text(self._timeout)}; {type(error).__name__})",
+            ) from None
         except aiohttp.ClientError as error:
             raise ServerFailure(server.url, f"cannot reach {path}: {error or type(error).__name__}") from None
 
     async def _load_on(self, server: ServerState, name: str, path: str) -> None:
-        response = await self._post(self._client(), server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        response = await self._post(
+            self._client(), server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}
+        )
         if response.status >= 400:
             message, _, _ = error_message(response.json(), response.text[:300] or f"HTTP {response.status}")
             if not _ALREADY_LOADED.search(message):
-                hint = " (start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)" if response.status == 404 else ""
-                raise ServerFailure(server.url, f"loading adapter {name!r} from {path} failed (HTTP {response.status}: {message}){hint}")
+                hint = (
+                    " (start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+                    if response.status == 404
+                    else ""
+                )
+                raise ServerFailure(
+                    server.url, f"loading adapter {name!r} from {path} failed (HTTP {response.status}: {message}){hint}"
+                )
         server.loaded.add(name)
 
     async def _retire(self, name: str) -> None:
@@ -373,7 +407,13 @@ class RemoteSampler:
             if response.status < 400 or response.status == 404:
                 server.loaded.discard(name)
             else:
-                logger.warning("could not unload adapter %r from %s: HTTP %s %s", name, server.url, response.status, response.text[:200])
+                logger.warning(
+                    "could not unload adapter %r from %s: HTTP %s %s",
+                    name,
+                    server.url,
+                    response.status,
+                    response.text[:200],
+                )
         path = self._adapter_paths.pop(name, None)
         if path is not None and self.adapter_dir is not None and Path(path).parent == self.adapter_dir.resolve():
             shutil.rmtree(path, ignore_errors=True)

@@ -59,9 +59,7 @@ def scoring_body(model: str, token_ids: Sequence[int]) -> dict[str, Any]:
     }
 
 
-def parse_completion(
-    url: str, answer: Any, prompt: Sequence[int], num_samples: int, version: int
-) -> SampleResult:
+def parse_completion(url: str, answer: Any, prompt: Sequence[int], num_samples: int, version: int) -> SampleResult:
     """The SampleResult in a `/v1/completions` answer; ServerFailure naming what is missing or wrong.
 
     Tokens get the server's `token_policy_versions` when it sends them (agl-bridge serve does), else
@@ -78,13 +76,16 @@ def parse_completion(
         if list(prompt_ids) != list(prompt):
             raise ServerFailure(
                 url,
-                f"{where}.prompt_token_ids differ from the prompt ids sent ({len(prompt_ids)} vs {len(prompt)} ids): the "
+                f"{where}.prompt_token_ids differ from the prompt ids sent ({len(prompt_ids)} vs {len(prompt)} ids): "
+                "the "
                 "server changed the prompt (added special tokens?), so its tokens cannot be trained on",
             )
         logprobs = _token_logprobs(url, choice.get("logprobs"), where, len(tokens))
         reason = _FINISH_REASONS.get(choice.get("finish_reason"))  # type: ignore[arg-type]
         if reason is None:
-            raise ServerFailure(url, f"{where}.finish_reason is {choice.get('finish_reason')!r}; expected 'stop' or 'length'")
+            raise ServerFailure(
+                url, f"{where}.finish_reason is {choice.get('finish_reason')!r}; expected 'stop' or 'length'"
+            )
         versions = choice.get("token_policy_versions")
         if isinstance(versions, list) and len(versions) == len(tokens) and all(_is_int(v) for v in versions):
             token_versions = [int(v) for v in versions]
@@ -140,8 +141,9 @@ def _token_logprobs(url: str, logprobs: Any, where: str, count: int) -> list[flo
     if not isinstance(values, list) or len(values) != count:
         got = "nothing" if not isinstance(values, list) else f"{len(values)} values"
         raise ServerFailure(
-            url, f"answered without {where}.logprobs.token_logprobs for each of its {count} token_ids (got {got}); "
-            "the request asks for logprobs: 0"
+            url,
+            f"answered without {where}.logprobs.token_logprobs for each of its {count} token_ids (got {got}); "
+            "the request asks for logprobs: 0",
         )
     if not all(_is_number(v) for v in values):
         raise ServerFailure(url, f"{where}.logprobs.token_logprobs holds a value that is not a number")

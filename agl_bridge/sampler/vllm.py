@@ -81,7 +81,12 @@ class VLLMSampler:
         self._lora: Any = None  # the active vllm LoRARequest (None: base weights)
         self._version = 0
         self._lora_ids = itertools.count(1)
-        args: dict[str, Any] = {"model": self.model, "enable_lora": True, "max_lora_rank": max_lora_rank, **engine_kwargs}
+        args: dict[str, Any] = {
+            "model": self.model,
+            "enable_lora": True,
+            "max_lora_rank": max_lora_rank,
+            **engine_kwargs,
+        }
         if seed is not None:
             args.setdefault("seed", seed)
         if "logprobs_mode" in getattr(self._vllm.AsyncEngineArgs, "__dataclass_fields__", {}):
@@ -167,7 +172,9 @@ class VLLMSampler:
             tokens = list(output.token_ids)
             logprobs = [float(step[token].logprob) for step, token in zip(output.logprobs or [], tokens, strict=True)]
             if len(logprobs) != len(tokens):
-                raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens (logprobs=0 was asked)")
+                raise RuntimeError(
+                    f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens (logprobs=0 was asked)"
+                )
             reason = "length" if output.finish_reason == "length" else "stop"
             sequences.append(SampledSequence(tokens, logprobs, reason, [version] * len(tokens)))
         return SampleResult(list(final.prompt_token_ids or prompt), sequences)
@@ -197,7 +204,9 @@ class VLLMSampler:
         from vllm.lora.request import LoRARequest
 
         new_version = self._version + 1 if version is None else int(version)
-        request = LoRARequest(f"{Path(self.model).name}-v{new_version}", next(self._lora_ids), str(Path(path).resolve()))
+        request = LoRARequest(
+            f"{Path(self.model).name}-v{new_version}", next(self._lora_ids), str(Path(path).resolve())
+        )
         await self._engine.add_lora(request)
         # Requests already running keep their adapter; vLLM's LoRA cache is LRU over max_loras and
         # evicts the old one once unused, so it is not removed here (removing it could cut them off).

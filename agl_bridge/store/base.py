@@ -146,9 +146,7 @@ class Store(Protocol):
         """Stream the rewards of a rollout (or of one attempt; or of all rollouts when None) in order."""
         ...
 
-    def iter_spans(
-        self, rollout_id: str | None = None, attempt_id: str | None = None
-    ) -> AsyncIterator[StoredSpan]:
+    def iter_spans(self, rollout_id: str | None = None, attempt_id: str | None = None) -> AsyncIterator[StoredSpan]:
         """Stream the generic spans of a rollout (or of one attempt; or of all rollouts when None) in order."""
         ...
 

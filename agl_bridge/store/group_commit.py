@@ -99,7 +99,9 @@ class GroupCommitter(Generic[OpT]):
         self._drained = asyncio.Event()
         started: asyncio.Future[None] = loop.create_future()
         self._stopped = loop.create_future()
-        self._thread = threading.Thread(target=self._work, args=(started,), name=f"agl-{self._name}-writer", daemon=True)
+        self._thread = threading.Thread(
+            target=self._work, args=(started,), name=f"agl-{self._name}-writer", daemon=True
+        )
         self._thread.start()
         try:
             await started

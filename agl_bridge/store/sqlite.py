@@ -380,9 +380,7 @@ class SQLiteStore:
         async for row in self._stream("llm_calls", LLM_CALL_SELECT, _CALL_KEY, fixed, attributed_only=True):
             yield decode_llm_call(row)
 
-    async def iter_rewards(
-        self, rollout_id: str | None = None, attempt_id: str | None = None
-    ) -> AsyncIterator[Reward]:
+    async def iter_rewards(self, rollout_id: str | None = None, attempt_id: str | None = None) -> AsyncIterator[Reward]:
         """Stream rewards in (rollout, attempt, sequence) order; filters as in iter_llm_calls."""
         fixed = _leading_key(rollout_id, attempt_id)
         async for row in self._stream("rewards", REWARD_SELECT, _REWARD_KEY, fixed, attributed_only=True):
@@ -424,7 +422,9 @@ class SQLiteStore:
         """
         # Token-only readers skip the message JSON and text columns and get arrays, not lists: most
         # of the cost of reading a call is building its Python objects.
-        select, decode_call = (TOKEN_CALL_SELECT, decode_token_call) if tokens_only else (LLM_CALL_SELECT, decode_llm_call)
+        select, decode_call = (
+            (TOKEN_CALL_SELECT, decode_token_call) if tokens_only else (LLM_CALL_SELECT, decode_llm_call)
+        )
         if rollout_ids is not None:
             if isinstance(rollout_ids, str):
                 raise TypeError(f"rollout_ids must be a collection of ids, not the string {rollout_ids!r}")
@@ -640,9 +640,7 @@ def _leading_key(rollout_id: str | None, attempt_id: str | None) -> tuple[str, .
     """Values of the leading ordering-key columns a stream is restricted to."""
     if rollout_id is None:
         if attempt_id is not None:
-            raise ValueError(
-                f"attempt_id {attempt_id!r} was given without its rollout_id; pass the rollout_id too"
-            )
+            raise ValueError(f"attempt_id {attempt_id!r} was given without its rollout_id; pass the rollout_id too")
         return ()
     if attempt_id is None:
         return (rollout_id,)

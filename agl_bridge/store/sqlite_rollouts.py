@@ -40,9 +40,7 @@ def set_rollout_status(conn: sqlite3.Connection, rollout_id: str, status: Rollou
     """Move a rollout to `status`; InvalidTransitionError naming both statuses if illegal."""
     current = _current_rollout_status(conn, rollout_id)
     current.check_transition(status, rollout_id)
-    conn.execute(
-        "UPDATE rollouts SET status = ?, updated_at = ? WHERE rollout_id = ?", (status.value, now, rollout_id)
-    )
+    conn.execute("UPDATE rollouts SET status = ?, updated_at = ? WHERE rollout_id = ?", (status.value, now, rollout_id))
     return _load_rollout(conn, rollout_id)
 
 

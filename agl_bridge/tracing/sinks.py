@@ -159,7 +159,7 @@ class StoreSink:
                     raise RuntimeError("the store's event loop is not running")
                 future = asyncio.run_coroutine_threadsafe(store_records(self.store, records), self.loop)
                 await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RewardDeliveryError(self._timeout_message()) from None
         except Exception as exc:
             raise RewardDeliveryError(self._failure_message(exc)) from exc

@@ -44,7 +44,13 @@ RNG_FILE = "rng.pt"
 # Config keys that describe how a checkpoint was saved or loaded, not what the model computes.
 # Tying is one: an untied copy of the same weights (a sampler for a trained lm_head) is the same model.
 _VOLATILE_CONFIG_KEYS = {
-    "_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache", "architectures", "tie_word_embeddings",
+    "_name_or_path",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "use_cache",
+    "architectures",
+    "tie_word_embeddings",
 }
 # Elements sampled from each hashed tensor: enough to tell checkpoints apart, cheap for 100 GB ones.
 _HASH_ELEMENTS = 1 << 16
@@ -103,13 +109,16 @@ class ModelIdentity:
             only_saved = sorted(set(saved.target_modules) - set(self.target_modules))
             only_here = sorted(set(self.target_modules) - set(saved.target_modules))
             raise CheckpointMismatchError(
-                "target_modules", f"{len(saved.target_modules)} modules, e.g. only there: {only_saved[:3]}",
+                "target_modules",
+                f"{len(saved.target_modules)} modules, e.g. only there: {only_saved[:3]}",
                 f"{len(self.target_modules)} modules, e.g. only here: {only_here[:3]}",
             )
         if saved.base_model != self.base_model:
             logger.warning(
                 "loading a state saved for base model %s into a client on %s: same config and weights, "
-                "so it is taken as the same model", saved.base_model, self.base_model,
+                "so it is taken as the same model",
+                saved.base_model,
+                self.base_model,
             )
 
 
@@ -142,8 +151,13 @@ def capture_rng_state() -> dict[str, Any]:
     np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     state: dict[str, Any] = {
         "python": {"version": version, "state": torch.tensor(mt_state, dtype=torch.int64), "gauss": gauss},
-        "numpy": {"name": np_name, "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
-                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
+        "numpy": {
+            "name": np_name,
+            "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "gauss": float(np_gauss),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -156,15 +170,20 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
     npy = state["numpy"]
-    np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["gauss"]))
+    np.random.set_state(
+        (npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["gauss"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         cuda_states = state["cuda"]
         if len(cuda_states) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda_states)
         else:
-            logger.warning("not restoring CUDA RNG states: saved for %d devices, %d here",
-                           len(cuda_states), torch.cuda.device_count())
+            logger.warning(
+                "not restoring CUDA RNG states: saved for %d devices, %d here",
+                len(cuda_states),
+                torch.cuda.device_count(),
+            )
 
 
 @contextmanager

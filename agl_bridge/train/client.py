@@ -101,7 +101,12 @@ class AdamParams:
             ("weight_decay", self.weight_decay, lambda v: v >= 0, ">= 0"),
         )
         for name, value, ok, allowed in checks:
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or not ok(value):
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or not math.isfinite(value)
+                or not ok(value)
+            ):
                 raise ValueError(f"AdamParams.{name} must be a finite number {allowed}, got {value!r}")
         clip = self.grad_clip_norm
         if clip is not None and (not isinstance(clip, (int, float)) or not math.isfinite(clip) or clip < 0):
@@ -234,7 +239,9 @@ class TrainingClient:
         self._model.eval()
         self._params = [p for p in self._model.parameters() if p.requires_grad]
         adapted = sorted(
-            name.removeprefix(_PEFT_PREFIX) for name, module in self._model.named_modules() if isinstance(module, LoraLayer)
+            name.removeprefix(_PEFT_PREFIX)
+            for name, module in self._model.named_modules()
+            if isinstance(module, LoraLayer)
         )
         self._identity = ModelIdentity(
             base_model=self._base_path,
@@ -247,8 +254,11 @@ class TrainingClient:
         )
         defaults = AdamParams()
         self._optimizer = torch.optim.AdamW(
-            self._params, lr=defaults.learning_rate, betas=(defaults.beta1, defaults.beta2),
-            eps=defaults.eps, weight_decay=defaults.weight_decay,
+            self._params,
+            lr=defaults.learning_rate,
+            betas=(defaults.beta1, defaults.beta2),
+            eps=defaults.eps,
+            weight_decay=defaults.weight_decay,
         )
         self._step = 0
         self._sampler = sampler
@@ -355,7 +365,9 @@ class TrainingClient:
         """Write the adapter as a peft adapter directory (loads with PeftModel.from_pretrained or vLLM)."""
         return self._run(self._save_weights_impl, Path(path))
 
-    def save_weights_and_get_sampling_client(self, name: str | None = None, *, version: int | None = None) -> SamplingClient:
+    def save_weights_and_get_sampling_client(
+        self, name: str | None = None, *, version: int | None = None
+    ) -> SamplingClient:
         """Publish the current adapter to the sampler (no restart) and return a client for it.
 
         An in-process `HFSampler` merges it between decode steps. An `AdapterSampler` (remote vLLM
@@ -380,7 +392,9 @@ class TrainingClient:
         """Queue `forward_backward`."""
         return self._submit(self._forward_impl, data, loss_fn, loss_fn_config, True)
 
-    def forward_backward_custom_async(self, data: Sequence[Datum], fn: CustomLossFn) -> TrainFuture[ForwardBackwardOutput]:
+    def forward_backward_custom_async(
+        self, data: Sequence[Datum], fn: CustomLossFn
+    ) -> TrainFuture[ForwardBackwardOutput]:
         """Queue `forward_backward_custom`."""
         return self._submit(self._custom_impl, data, fn)
 
@@ -487,7 +501,11 @@ class TrainingClient:
                 raise TypeError(
                     "a custom loss must return a scalar tensor computed from the logprobs it was given "
                     f"(with grad); got {type(loss).__name__}"
-                    + (f" of shape {tuple(loss.shape)}, requires_grad={loss.requires_grad}" if isinstance(loss, torch.Tensor) else "")
+                    + (
+                        f" of shape {tuple(loss.shape)}, requires_grad={loss.requires_grad}"
+                        if isinstance(loss, torch.Tensor)
+                        else ""
+                    )
                 )
             loss.reshape(()).backward()
         metrics.loss = float(loss.detach())
@@ -500,7 +518,9 @@ class TrainingClient:
         if not data:
             raise ValueError("data is empty; pass at least one Datum")
         return [
-            to_tensors(d, i, required=required, allow_unknown=allow_unknown, vocab_size=self._vocab_size, device=self._device)
+            to_tensors(
+                d, i, required=required, allow_unknown=allow_unknown, vocab_size=self._vocab_size, device=self._device
+            )
             for i, d in enumerate(data)
         ]
 
@@ -529,8 +549,10 @@ class TrainingClient:
         fields: dict[str, torch.Tensor] = {}
         for name in names:
             # A datum without old_logprobs means "old policy = sampler", so it takes its own logprobs.
-            fallback = (lambda row: row.fields.get(LOGPROBS, torch.zeros_like(row.weights))) if name == OLD_LOGPROBS else (
-                lambda row: torch.zeros_like(row.weights)
+            fallback = (
+                (lambda row: row.fields.get(LOGPROBS, torch.zeros_like(row.weights)))
+                if name == OLD_LOGPROBS
+                else (lambda row: torch.zeros_like(row.weights))
             )
             fields[name] = pad([row.fields.get(name, fallback(row)) for row in rows])
         return _Batch(
@@ -614,12 +636,15 @@ class TrainingClient:
             self._model.peft_config["default"].save_pretrained(str(staging))
             torch.save(self._optimizer.state_dict(), staging / OPTIMIZER_FILE)
             torch.save(capture_rng_state(), staging / RNG_FILE)
-            write_json(staging / STATE_FILE, {
-                "format": STATE_FORMAT,
-                "step": self._step,
-                "identity": self._identity.to_json(),
-                "saved_at": time.time(),
-            })
+            write_json(
+                staging / STATE_FILE,
+                {
+                    "format": STATE_FORMAT,
+                    "step": self._step,
+                    "identity": self._identity.to_json(),
+                    "saved_at": time.time(),
+                },
+            )
         return str(path)
 
     def _load_state_impl(self, path: Path, optimizer: bool) -> int:
@@ -630,7 +655,9 @@ class TrainingClient:
         if set(adapter) != expected:
             missing, unexpected = sorted(expected - set(adapter)), sorted(set(adapter) - expected)
             raise CheckpointMismatchError("adapter_keys", f"missing {missing[:3]}", f"unexpected {unexpected[:3]}")
-        opt_state = torch.load(path / OPTIMIZER_FILE, map_location=self._device, weights_only=True) if optimizer else None
+        opt_state = (
+            torch.load(path / OPTIMIZER_FILE, map_location=self._device, weights_only=True) if optimizer else None
+        )
         rng_state = torch.load(path / RNG_FILE, weights_only=True) if optimizer else None
         # Everything is read and checked; only now touch the live state.
         self._optimizer.zero_grad(set_to_none=True)

@@ -103,10 +103,21 @@ class GRPOConfig:
         if self.sampler != "hf" and self.train_unembedding:
             raise ConfigError(
                 f"train_unembedding cannot be used with sampler {self.sampler!r}: vLLM loads LoRA weights only, not a "
-                "fully trained lm_head; set train_unembedding = false or sampler = \"hf\""
+                'fully trained lm_head; set train_unembedding = false or sampler = "hf"'
             )
-        positive = ("steps", "batch_size", "group_size", "lora_rank", "micro_batch_size", "concurrency", "max_attempts",
-                    "default_max_tokens", "eval_every", "eval_group_size", "checkpoint_every")
+        positive = (
+            "steps",
+            "batch_size",
+            "group_size",
+            "lora_rank",
+            "micro_batch_size",
+            "concurrency",
+            "max_attempts",
+            "default_max_tokens",
+            "eval_every",
+            "eval_group_size",
+            "checkpoint_every",
+        )
         for name in positive:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
@@ -117,7 +128,9 @@ class GRPOConfig:
         if self.tis_cap is not None and not self.tis_cap >= 1:
             raise ConfigError(f"tis_cap must be >= 1 (or null to turn the correction off), got {self.tis_cap}")
         if not 0 < self.clip_low_threshold <= 1 <= self.clip_high_threshold:
-            raise ConfigError("clip thresholds are ratios with clip_low_threshold <= 1 <= clip_high_threshold (e.g. 0.8 / 1.28)")
+            raise ConfigError(
+                "clip thresholds are ratios with clip_low_threshold <= 1 <= clip_high_threshold (e.g. 0.8 / 1.28)"
+            )
         for name, allowed in (("loss_fn", LossName), ("aggregation", Aggregation)):
             if getattr(self, name) not in allowed.__args__:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed.__args__)}, got {getattr(self, name)!r}")
@@ -132,7 +145,6 @@ class GRPOConfig:
                 litellm_config([], "check", Path(self.litellm_config))
             except ProxyStartError as error:
                 raise ConfigError(f"litellm_config: {error}") from None
-
 
     def sampler_spec(self) -> SamplerSpec:
         """The sampler this run samples with (`sampler`, `sampler_urls`, ... keys)."""
@@ -191,7 +203,9 @@ def config_from_dict(raw: dict[str, Any], *, where: str = "config") -> GRPOConfi
     values = dict(raw)
     _check_types(values, GRPOConfig, where)
     if "warm_start" in values and not isinstance(values["warm_start"], (dict, WarmStartConfig)):
-        raise ConfigError(f"{where}: warm_start must be a table of settings (data, steps, ...), got {values['warm_start']!r}")
+        raise ConfigError(
+            f"{where}: warm_start must be a table of settings (data, steps, ...), got {values['warm_start']!r}"
+        )
     if isinstance(values.get("warm_start"), dict):
         _check_types(values["warm_start"], WarmStartConfig, f"{where}: warm_start")
         warm = values["warm_start"]
@@ -207,7 +221,10 @@ def config_from_dict(raw: dict[str, Any], *, where: str = "config") -> GRPOConfi
 
 _WANTED: dict[str, tuple[str, Any]] = {
     "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-    "float": ("a finite number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)),
+    "float": (
+        "a finite number",
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+    ),
     "float | None": ("a finite number or null", lambda v: v is None or _WANTED["float"][1](v)),
     "bool": ("true or false", lambda v: isinstance(v, bool)),
     "str": ("a string", lambda v: isinstance(v, str)),

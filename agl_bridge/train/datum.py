@@ -87,16 +87,20 @@ class Datum:
             raise DatumError(None, "loss_mask", f"has {len(loss_mask)} entries but tokens has {n}; give one per token")
         if loss_mask[0]:
             raise DatumError(
-                None, "loss_mask", "entry 0 is nonzero, but no position predicts the first token; "
-                "the mask is aligned with tokens (mask[i] weighs token i), so set mask[0] = 0"
+                None,
+                "loss_mask",
+                "entry 0 is nonzero, but no position predicts the first token; "
+                "the mask is aligned with tokens (mask[i] weighs token i), so set mask[0] = 0",
             )
         mask = [float(m) for m in loss_mask[1:]]
         inputs: dict[str, Any] = {TARGET_TOKENS: [int(t) for t in tokens[1:]], WEIGHTS: mask}
         if sampler_logprobs is not None:
             if len(sampler_logprobs) != n:
                 raise DatumError(
-                    None, "sampler_logprobs", f"has {len(sampler_logprobs)} entries but tokens has {n}; "
-                    "give one per token (None where the mask is 0)"
+                    None,
+                    "sampler_logprobs",
+                    f"has {len(sampler_logprobs)} entries but tokens has {n}; "
+                    "give one per token (None where the mask is 0)",
                 )
             inputs[LOGPROBS] = [0.0 if lp is None else float(lp) for lp in sampler_logprobs[1:]]
         if advantages is not None:
@@ -105,8 +109,10 @@ class Datum:
             else:
                 if len(advantages) != n:
                     raise DatumError(
-                        None, "advantages", f"has {len(advantages)} entries but tokens has {n}; give one "
-                        "per token or a single number for the whole sequence"
+                        None,
+                        "advantages",
+                        f"has {len(advantages)} entries but tokens has {n}; give one "
+                        "per token or a single number for the whole sequence",
                     )
                 per_token = [float(a) for a in advantages[1:]]
             # Masked targets get advantage 0 so they carry no signal even in losses without weights.
@@ -157,14 +163,16 @@ def to_tensors(
     unknown = [k for k in inputs if k not in KNOWN_FIELDS]
     if unknown and not allow_unknown:
         raise DatumError(
-            index, f"loss_fn_inputs[{unknown[0]!r}]",
+            index,
+            f"loss_fn_inputs[{unknown[0]!r}]",
             f"is not an input of the built-in losses (known: {', '.join(KNOWN_FIELDS)}); fix the name, "
             "or use forward_backward_custom to pass extra inputs",
         )
     for name in required:
         if name not in inputs:
             raise DatumError(
-                index, f"loss_fn_inputs[{name!r}]",
+                index,
+                f"loss_fn_inputs[{name!r}]",
                 f"is missing; this loss needs {', '.join(repr(r) for r in required)}",
             )
     if TARGET_TOKENS not in inputs:
@@ -176,7 +184,8 @@ def to_tensors(
     if not torch.isfinite(weights).all() or (weights < 0).any():
         bad = int(torch.nonzero(~torch.isfinite(weights) | (weights < 0))[0])
         raise DatumError(
-            index, "loss_fn_inputs['weights']",
+            index,
+            "loss_fn_inputs['weights']",
             f"position {bad} is {weights[bad].item()}; weights must be finite and >= 0 (0 masks a token)",
         )
     active = weights > 0
@@ -191,7 +200,8 @@ def to_tensors(
             if bad_mask.any():
                 bad = int(torch.nonzero(bad_mask)[0])
                 raise DatumError(
-                    index, f"loss_fn_inputs[{name!r}]",
+                    index,
+                    f"loss_fn_inputs[{name!r}]",
                     f"position {bad} is {values[bad].item()} where the weight is {weights[bad].item()}; "
                     "values must be finite wherever weight > 0 (set the weight to 0 to drop the token)",
                 )
@@ -200,7 +210,8 @@ def to_tensors(
             if too_high.any():
                 bad = int(torch.nonzero(too_high)[0])
                 raise DatumError(
-                    index, f"loss_fn_inputs[{name!r}]",
+                    index,
+                    f"loss_fn_inputs[{name!r}]",
                     f"position {bad} is {values[bad].item()}, but a logprob is <= 0; pass log-probabilities, "
                     "not probabilities",
                 )
@@ -235,8 +246,9 @@ def _int_tensor(values: Any, index: int, name: str, vocab_size: int | None) -> t
         bad = low if low < 0 else high
         allowed = f"0..{int(limit) - 1}" if vocab_size is not None else "ids >= 0"
         raise DatumError(
-            index, name, f"token id {bad} is outside the model's vocabulary {allowed}; "
-            "were these ids made with another tokenizer?",
+            index,
+            name,
+            f"token id {bad} is outside the model's vocabulary {allowed}; were these ids made with another tokenizer?",
         )
     return tensor
 
@@ -248,9 +260,7 @@ def _float_tensor(values: Any, index: int, name: str) -> torch.Tensor:
         tensor = torch.from_numpy(values.astype(np.float32, copy=False))
     else:
         try:
-            tensor = torch.tensor(
-                [math.nan if v is None else float(v) for v in values], dtype=torch.float32
-            )
+            tensor = torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
         except (TypeError, ValueError) as exc:
             raise DatumError(index, f"loss_fn_inputs[{name!r}]", f"could not be read as numbers ({exc})") from None
     if tensor.dim() != 1:
@@ -261,7 +271,8 @@ def _float_tensor(values: Any, index: int, name: str) -> torch.Tensor:
 def _check_length(tensor: torch.Tensor, length: int, index: int, name: str) -> None:
     if tensor.numel() != length:
         raise DatumError(
-            index, f"loss_fn_inputs[{name!r}]",
+            index,
+            f"loss_fn_inputs[{name!r}]",
             f"has length {tensor.numel()} but model_input has {length} tokens; every per-token field is "
             "aligned with model_input (entry i is about target i = the token after input i)",
         )

@@ -126,15 +126,22 @@ class GRPOTrainer:
         self._log = log
         if config.offline_data:
             if not Path(config.offline_data).is_file():
-                raise ConfigError(f"offline_data {config.offline_data} does not exist; give a store (.sqlite) or trajectories (.jsonl/.parquet)")
+                raise ConfigError(
+                    f"offline_data {config.offline_data} does not exist; give a store (.sqlite) or trajectories "
+                    "(.jsonl/.parquet)"
+                )
             return
         if agent is None and not config.agent:
-            raise ConfigError("agent is required: 'path/to/agent.py:function', 'package.module:function', or a command list")
+            raise ConfigError(
+                "agent is required: 'path/to/agent.py:function', 'package.module:function', or a command list"
+            )
         if tasks is None and not config.tasks:
             raise ConfigError("tasks is required: a .jsonl or .csv task file")
         self.agent = agent if agent is not None else load_agent(config.agent)
         self.tasks = list(tasks) if tasks is not None else load_tasks(config.tasks)
-        self.eval_tasks = list(eval_tasks) if eval_tasks is not None else (load_tasks(config.eval_tasks) if config.eval_tasks else [])
+        self.eval_tasks = (
+            list(eval_tasks) if eval_tasks is not None else (load_tasks(config.eval_tasks) if config.eval_tasks else [])
+        )
         self.warm_start_pairs = list(warm_start_pairs) if warm_start_pairs is not None else self._load_pairs()
         self.schedule = TaskSchedule(self.tasks, config.batch_size, config.seed)
 
@@ -145,7 +152,10 @@ class GRPOTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(config_to_dict(self.config), indent=2, default=str))
         log = self._log or RunLog(
-            self.run_dir, tensorboard=self.config.tensorboard, wandb_project=self.config.wandb_project, config=config_to_dict(self.config)
+            self.run_dir,
+            tensorboard=self.config.tensorboard,
+            wandb_project=self.config.wandb_project,
+            config=config_to_dict(self.config),
         )
         started = time.monotonic()
         if self.config.offline_data:
@@ -212,7 +222,10 @@ class GRPOTrainer:
         )
         try:
             state = self._resume_state(client, log, sync=False) if resume else None
-            log.say(f"offline GRPO on {sum(map(len, groups))} trajectories in {len(groups)} groups from {self.config.offline_data}")
+            log.say(
+                f"offline GRPO on {sum(map(len, groups))} trajectories in {len(groups)} groups from "
+                f"{self.config.offline_data}"
+            )
             start = 0 if state is None else int(state["next_step"])
             for step in range(start, self.config.steps):
                 began = time.perf_counter()
@@ -220,12 +233,22 @@ class GRPOTrainer:
                 batch = group_advantages(members, std_scaling=self.config.advantage_std_scaling)
                 datums = datums_for(batch.items, self.config.aggregation) if batch.items else []
                 metrics = asyncio.run(self._train_on(client, datums))
-                record = {"phase": "train", "step": step + 1, "offline": True, **_reward_stats(members),
-                          "trajectories": len(members), "groups": batch.groups,
-                          "groups_zero_variance": batch.groups_dropped_zero_variance, "datums": len(datums), **metrics,
-                          "time_step_s": round(time.perf_counter() - began, 4)}
+                record = {
+                    "phase": "train",
+                    "step": step + 1,
+                    "offline": True,
+                    **_reward_stats(members),
+                    "trajectories": len(members),
+                    "groups": batch.groups,
+                    "groups_zero_variance": batch.groups_dropped_zero_variance,
+                    "datums": len(datums),
+                    **metrics,
+                    "time_step_s": round(time.perf_counter() - began, 4),
+                }
                 log.write(record)
-                log.say(f"offline step {step + 1}: reward {_fmt(record.get('reward_mean'))} · loss {record.get('loss')}")
+                log.say(
+                    f"offline step {step + 1}: reward {_fmt(record.get('reward_mean'))} · loss {record.get('loss')}"
+                )
                 if (step + 1) % self.config.checkpoint_every == 0 or step + 1 == self.config.steps:
                     self._checkpoint(client, step + 1, None, log)
             client.save_weights_for_sampler(self.run_dir / "final_adapter")
@@ -236,7 +259,13 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ the loop
 
     async def _train(
-        self, client: TrainingClient, proxy: ProxyServer, tokenizer: Any, log: RunLog, state: dict[str, Any] | None, started: float
+        self,
+        client: TrainingClient,
+        proxy: ProxyServer,
+        tokenizer: Any,
+        log: RunLog,
+        state: dict[str, Any] | None,
+        started: float,
     ) -> RunSummary:
         config = self.config
         summary = RunSummary(self.run_dir, 0, 0.0, None, None)
@@ -246,7 +275,9 @@ class GRPOTrainer:
             try:
                 start_step = 0 if state is None else int(state["next_step"])
                 if state is not None:
-                    interrupted = await fail_interrupted(store, "interrupted: the training process stopped before this attempt finished")
+                    interrupted = await fail_interrupted(
+                        store, "interrupted: the training process stopped before this attempt finished"
+                    )
                     if interrupted:
                         log.say(f"{interrupted} rollouts left running by the interrupted run marked failed")
                 if state is None and config.warm_start.steps > 0 and self.warm_start_pairs:
@@ -268,7 +299,9 @@ class GRPOTrainer:
                     log.say(_step_line(record))
                     last = step == config.steps - 1
                     if self.eval_tasks and ((step + 1) % config.eval_every == 0 or last):
-                        summary.eval_end = await self._evaluate(evaluator, store, log, step=step + 1, label=f"after step {step + 1}")
+                        summary.eval_end = await self._evaluate(
+                            evaluator, store, log, step=step + 1, label=f"after step {step + 1}"
+                        )
                     if (step + 1) % config.checkpoint_every == 0 or last:
                         self._checkpoint(client, step + 1, summary.eval_start, log)
                     summary.steps = step + 1
@@ -285,7 +318,12 @@ class GRPOTrainer:
         return await runner.run(self.schedule.for_step(step), group_prefix=f"s{step}")
 
     async def _step(
-        self, step: int, sampling: asyncio.Task[list[RolloutOutcome]], client: TrainingClient, store: SQLiteStore, log: RunLog
+        self,
+        step: int,
+        sampling: asyncio.Task[list[RolloutOutcome]],
+        client: TrainingClient,
+        store: SQLiteStore,
+        log: RunLog,
     ) -> dict[str, Any]:
         config = self.config
         t0 = time.perf_counter()
@@ -293,14 +331,21 @@ class GRPOTrainer:
         t1 = time.perf_counter()
         report = ConversionReport()
         trajectories = [
-            t async for t in convert_store(store, rollout_ids=[o.rollout_id for o in outcomes], options=self._convert_options(), report=report)
+            t
+            async for t in convert_store(
+                store, rollout_ids=[o.rollout_id for o in outcomes], options=self._convert_options(), report=report
+            )
         ]
         batch = group_advantages(trajectories, std_scaling=config.advantage_std_scaling)
         datums = datums_for(batch.items, config.aggregation) if batch.items else []
         t2 = time.perf_counter()
         train_metrics = await self._train_on(client, datums)
         t3 = time.perf_counter()
-        version = (await client.save_weights_and_get_sampling_client_async()).policy_version if datums else client.sampler.policy_version
+        version = (
+            (await client.save_weights_and_get_sampling_client_async()).policy_version
+            if datums
+            else client.sampler.policy_version
+        )
         t4 = time.perf_counter()
         record: dict[str, Any] = {
             "phase": "train",
@@ -337,12 +382,17 @@ class GRPOTrainer:
         if config.loss_fn == "importance_sampling" and config.tis_cap is not None:
             loss_config["tis_cap"] = config.tis_cap
         if config.loss_fn in ("ppo", "cispo"):
-            loss_config |= {"clip_low_threshold": config.clip_low_threshold, "clip_high_threshold": config.clip_high_threshold}
+            loss_config |= {
+                "clip_low_threshold": config.clip_low_threshold,
+                "clip_high_threshold": config.clip_high_threshold,
+            }
         merged: dict[str, list[float]] = {}
         compute = 0.0
         for start in range(0, len(datums), config.micro_batch_size):
             began = time.perf_counter()
-            output = await client.forward_backward_async(datums[start : start + config.micro_batch_size], config.loss_fn, loss_config)
+            output = await client.forward_backward_async(
+                datums[start : start + config.micro_batch_size], config.loss_fn, loss_config
+            )
             compute += time.perf_counter() - began
             for key, value in output.metrics.items():
                 merged.setdefault(key, []).append(float(value))
@@ -374,16 +424,35 @@ class GRPOTrainer:
             async for reward in store.iter_rewards(outcome.rollout_id):
                 rewards[reward.name] = rewards.get(reward.name, 0.0) + reward.value
             if rewards:
-                returns.append(sum(self.config.reward_weights.get(name, 1.0) * value for name, value in rewards.items()))
+                returns.append(
+                    sum(self.config.reward_weights.get(name, 1.0) * value for name, value in rewards.items())
+                )
         value = statistics.fmean(returns) if returns else None
-        log.write({"phase": "eval", "stage": stage, "step": step, "eval_reward": value, "eval_rollouts": len(outcomes),
-                   "eval_without_reward": len(outcomes) - len(returns), "time_eval_s": round(time.perf_counter() - t0, 3)})
+        log.write(
+            {
+                "phase": "eval",
+                "stage": stage,
+                "step": step,
+                "eval_reward": value,
+                "eval_rollouts": len(outcomes),
+                "eval_without_reward": len(outcomes) - len(returns),
+                "time_eval_s": round(time.perf_counter() - t0, 3),
+            }
+        )
         log.say(f"[bold]eval[/bold] {label}: held-out reward {_fmt(value)} over {len(returns)} rollouts")
         return value
 
-    async def _warm_start(self, client: TrainingClient, tokenizer: Any, evaluator: Runner, store: SQLiteStore, log: RunLog) -> dict[str, float | None]:
+    async def _warm_start(
+        self, client: TrainingClient, tokenizer: Any, evaluator: Runner, store: SQLiteStore, log: RunLog
+    ) -> dict[str, float | None]:
         warm = self.config.warm_start
-        before = await self._evaluate(evaluator, store, log, step=0, label="before the supervised warm start", stage="before_warm_start") if self.eval_tasks else None
+        before = (
+            await self._evaluate(
+                evaluator, store, log, step=0, label="before the supervised warm start", stage="before_warm_start"
+            )
+            if self.eval_tasks
+            else None
+        )
         codec = ChatCodec(tokenizer)
         rng = random.Random(self.config.seed)
         log.say(f"supervised warm start: {warm.steps} steps × {warm.batch_size} examples (cross_entropy), then RL")
@@ -394,12 +463,18 @@ class GRPOTrainer:
             for datum in datums:
                 datum.loss_fn_inputs["weights"] = [w / tokens for w in datum.loss_fn_inputs["weights"]]
             output = await client.forward_backward_async(datums, "cross_entropy")
-            await client.optim_step_async(AdamParams(learning_rate=warm.learning_rate, grad_clip_norm=self.config.grad_clip_norm))
+            await client.optim_step_async(
+                AdamParams(learning_rate=warm.learning_rate, grad_clip_norm=self.config.grad_clip_norm)
+            )
             if (index + 1) % max(1, warm.steps // 5) == 0 or index + 1 == warm.steps:
                 log.write({"phase": "warm_start", "step": index + 1, "loss": output.metrics.get("loss")})
                 log.say(f"warm start {index + 1}/{warm.steps}: loss {output.metrics.get('loss', float('nan')):.3f}")
         await client.save_weights_and_get_sampling_client_async()
-        after = await self._evaluate(evaluator, store, log, step=0, label="after the warm start = start of RL") if self.eval_tasks else None
+        after = (
+            await self._evaluate(evaluator, store, log, step=0, label="after the warm start = start of RL")
+            if self.eval_tasks
+            else None
+        )
         return {"before": before, "after": after}
 
     # ------------------------------------------------------------------ pieces
@@ -421,7 +496,9 @@ class GRPOTrainer:
         )
 
     def _convert_options(self) -> ConvertOptions:
-        return ConvertOptions(missing_reward=self.config.missing_reward, reward_weights=dict(self.config.reward_weights))
+        return ConvertOptions(
+            missing_reward=self.config.missing_reward, reward_weights=dict(self.config.reward_weights)
+        )
 
     def _model_name(self) -> str:
         model = self.config.model
@@ -445,14 +522,18 @@ class GRPOTrainer:
         state_file = candidates[-1]
         state = json.loads(state_file.read_text())
         if state.get("seed") != self.config.seed:
-            raise ConfigError(f"{state_file.parent} was written with seed {state.get('seed')}, the config has {self.config.seed}; "
-                              "resuming with another seed would change which tasks each step takes")
+            raise ConfigError(
+                f"{state_file.parent} was written with seed {state.get('seed')}, the config has {self.config.seed}; "
+                "resuming with another seed would change which tasks each step takes"
+            )
         client.load_state(state_file.parent)
         if sync:
             client.save_weights_and_get_sampling_client()
         dropped = drop_records_after(self.run_dir, int(state["next_step"]))
-        log.say(f"resumed from {state_file.parent}: next step {state['next_step'] + 1}"
-                + (f" ({dropped} metrics records after it dropped)" if dropped else ""))
+        log.say(
+            f"resumed from {state_file.parent}: next step {state['next_step'] + 1}"
+            + (f" ({dropped} metrics records after it dropped)" if dropped else "")
+        )
         return state
 
     def _load_pairs(self) -> list[tuple[Any, str]]:
@@ -462,7 +543,7 @@ class GRPOTrainer:
         pairs = []
         for index, record in enumerate(load_tasks(data), start=1):
             if not isinstance(record, dict) or "prompt" not in record or "response" not in record:
-                raise ConfigError(f"{data}, record {index}: expected {{\"prompt\": ..., \"response\": ...}}")
+                raise ConfigError(f'{data}, record {index}: expected {{"prompt": ..., "response": ...}}')
             pairs.append((record["prompt"], str(record["response"])))
         return pairs
 
@@ -518,7 +599,9 @@ def _fmt(value: float | None) -> str:
 
 def _step_line(record: dict[str, Any]) -> str:
     loss, gap = record.get("loss"), record.get("logprob_diff_abs_mean")
-    trained = "nothing to train (equal returns in every group)" if loss is None else f"loss {loss:.4f} · |Δlogprob| {gap:.2e}"
+    trained = (
+        "nothing to train (equal returns in every group)" if loss is None else f"loss {loss:.4f} · |Δlogprob| {gap:.2e}"
+    )
     return (
         f"step {record['step']}: reward {_fmt(record.get('reward_mean'))} · {trained} · v{record['policy_version']} · "
         f"{record['time_step_s']:.1f}s (sample {record['time_sample_s']:.1f}s, train {record['time_train_s']:.1f}s)"

@@ -69,9 +69,7 @@ def cross_entropy(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: 
     return LossOutput(-(inputs[WEIGHTS] * lp).sum())
 
 
-def importance_sampling(
-    lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, Any]
-) -> LossOutput:
+def importance_sampling(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> LossOutput:
     """−Σ w·ρ·A with ρ = exp(lp − sampler_lp); with `tis_cap` C, −Σ w·sg(min(ρ, C))·lp·A."""
     weights, advantages = inputs[WEIGHTS], inputs[ADVANTAGES]
     ratio = _ratio(lp, inputs[LOGPROBS], weights)
@@ -122,11 +120,17 @@ LOSSES: dict[str, LossSpec] = {
     for spec in (
         LossSpec("cross_entropy", cross_entropy, (TARGET_TOKENS, WEIGHTS), {"kl_coef": 0.0}),
         LossSpec(
-            "importance_sampling", importance_sampling, (TARGET_TOKENS, LOGPROBS, ADVANTAGES),
+            "importance_sampling",
+            importance_sampling,
+            (TARGET_TOKENS, LOGPROBS, ADVANTAGES),
             {"tis_cap": None, "kl_coef": 0.0},
         ),
-        LossSpec("ppo", ppo, (TARGET_TOKENS, LOGPROBS, ADVANTAGES), {**_CLIP_DEFAULTS, "tis_cap": None, "kl_coef": 0.0}),
-        LossSpec("cispo", cispo, (TARGET_TOKENS, LOGPROBS, ADVANTAGES), {**_CLIP_DEFAULTS, "tis_cap": None, "kl_coef": 0.0}),
+        LossSpec(
+            "ppo", ppo, (TARGET_TOKENS, LOGPROBS, ADVANTAGES), {**_CLIP_DEFAULTS, "tis_cap": None, "kl_coef": 0.0}
+        ),
+        LossSpec(
+            "cispo", cispo, (TARGET_TOKENS, LOGPROBS, ADVANTAGES), {**_CLIP_DEFAULTS, "tis_cap": None, "kl_coef": 0.0}
+        ),
     )
 }
 """The built-in losses by name."""
@@ -137,8 +141,7 @@ def get_loss(name: str) -> LossSpec:
     spec = LOSSES.get(name) if isinstance(name, str) else None
     if spec is None:
         raise ValueError(
-            f"unknown loss_fn {name!r}; known losses: {', '.join(LOSSES)} "
-            "(or use forward_backward_custom for your own)"
+            f"unknown loss_fn {name!r}; known losses: {', '.join(LOSSES)} (or use forward_backward_custom for your own)"
         )
     return spec
 

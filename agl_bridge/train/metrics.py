@@ -34,8 +34,13 @@ def logprob_gap_stats(trainer_lp: torch.Tensor, sampler_lp: torch.Tensor) -> dic
     """
     if trainer_lp.numel() == 0:
         nan = math.nan
-        return {"ratio_mean": nan, "logprob_diff_mean": nan, "logprob_diff_abs_mean": nan,
-                "logprob_diff_abs_max": nan, "prob_pearson": nan}
+        return {
+            "ratio_mean": nan,
+            "logprob_diff_mean": nan,
+            "logprob_diff_abs_mean": nan,
+            "logprob_diff_abs_max": nan,
+            "prob_pearson": nan,
+        }
     diff = trainer_lp.double() - sampler_lp.double()
     return {
         "ratio_mean": float(diff.exp().mean()),

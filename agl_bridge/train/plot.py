@@ -17,17 +17,35 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
     train = [r for r in records if r.get("phase") == "train" and r.get("reward_mean") is not None]
-    evals = [r for r in records if r.get("phase") == "eval" and r.get("eval_reward") is not None and r.get("stage", "rl") == "rl"]
+    evals = [
+        r
+        for r in records
+        if r.get("phase") == "eval" and r.get("eval_reward") is not None and r.get("stage", "rl") == "rl"
+    ]
     before_warm = [r for r in records if r.get("stage") == "before_warm_start" and r.get("eval_reward") is not None]
     if not train and not evals:
         raise ValueError(f"{run_dir / 'metrics.jsonl'} has no reward or evaluation records to plot yet")
     figure, (rewards, losses) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     if train:
-        rewards.plot([r["step"] for r in train], [r["reward_mean"] for r in train], label="train reward (mean of step)", alpha=0.7)
+        rewards.plot(
+            [r["step"] for r in train],
+            [r["reward_mean"] for r in train],
+            label="train reward (mean of step)",
+            alpha=0.7,
+        )
     if evals:
-        rewards.plot([r["step"] for r in evals], [r["eval_reward"] for r in evals], "o-", label="held-out reward", linewidth=2)
+        rewards.plot(
+            [r["step"] for r in evals], [r["eval_reward"] for r in evals], "o-", label="held-out reward", linewidth=2
+        )
     if before_warm:
-        rewards.scatter([0], [before_warm[-1]["eval_reward"]], marker="x", color="gray", label="held-out, before warm start", zorder=3)
+        rewards.scatter(
+            [0],
+            [before_warm[-1]["eval_reward"]],
+            marker="x",
+            color="gray",
+            label="held-out, before warm start",
+            zorder=3,
+        )
     rewards.set_ylabel("reward")
     rewards.grid(alpha=0.3)
     rewards.legend()

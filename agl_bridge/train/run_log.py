@@ -40,7 +40,10 @@ class RunLog:
             try:
                 import wandb
             except ImportError:
-                self.console.print(f"[yellow]wandb is not installed; metrics for {wandb_project!r} go to metrics.jsonl and TensorBoard only (pip install wandb)")
+                self.console.print(
+                    f"[yellow]wandb is not installed; metrics for {wandb_project!r} go to metrics.jsonl and "
+                    "TensorBoard only (pip install wandb)"
+                )
             else:
                 self._wandb = wandb.init(project=wandb_project, config=config, dir=str(run_dir))
         self._started = time.monotonic()
@@ -51,7 +54,9 @@ class RunLog:
         self._file.write(json.dumps(_json_safe(record)) + "\n")
         self._file.flush()
         step = int(record["step"])
-        numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        numbers = {
+            k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+        }
         if self._tensorboard is not None:
             for key, value in numbers.items():
                 self._tensorboard.add_scalar(f"{record['phase']}/{key}", value, step)

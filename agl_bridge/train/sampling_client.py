@@ -55,4 +55,7 @@ class SamplingClient:
         return await self._sampler.compute_logprobs_async(token_ids)
 
     def __repr__(self) -> str:
-        return f"SamplingClient(name={self.name!r}, weights_version={self.weights_version}, policy_version={self.policy_version})"
+        return (
+            f"SamplingClient(name={self.name!r}, weights_version={self.weights_version}, "
+            f"policy_version={self.policy_version})"
+        )

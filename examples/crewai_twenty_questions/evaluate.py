@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from twenty_q.env import apply_offline_environment, limit_torch_threads  # noqa: E402  (offline switches first)
+from twenty_q.env import apply_offline_environment, limit_torch_threads
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,9 @@ def summarize(states: list[dict[str, Any]]) -> dict[str, Any]:
         "per_category": {c: {"games": len(g), "success_rate": rate(g)} for c, g in sorted(by_category.items())},
         "turns_mean": statistics.fmean(s["turn"] for s in states) if states else None,
         "turns_mean_when_won": statistics.fmean(won) if won else None,
-        "wasted_turns_mean": statistics.fmean(sum(t["wasted"] for t in s["history"]) for s in states) if states else None,
+        "wasted_turns_mean": statistics.fmean(sum(t["wasted"] for t in s["history"]) for s in states)
+        if states
+        else None,
         "tool_calls_mean": statistics.fmean(s["tool_calls"] for s in states) if states else None,
     }
 
@@ -71,9 +73,11 @@ def print_summary(summary: dict[str, Any], wall_s: float) -> None:
     if not summary["games"]:
         print(f"no game finished ({wall_s:.1f}s)")
         return
-    print(f"games {summary['games']} · success {pct(summary['success_rate'])} · turns used "
-          f"{summary['turns_mean']:.1f} (won: {summary['turns_mean_when_won'] or 0:.1f}) · wasted "
-          f"{summary['wasted_turns_mean']:.1f} · tool calls {summary['tool_calls_mean']:.1f} · {wall_s:.1f}s")
+    print(
+        f"games {summary['games']} · success {pct(summary['success_rate'])} · turns used "
+        f"{summary['turns_mean']:.1f} (won: {summary['turns_mean_when_won'] or 0:.1f}) · wasted "
+        f"{summary['wasted_turns_mean']:.1f} · tool calls {summary['tool_calls_mean']:.1f} · {wall_s:.1f}s"
+    )
     for category, figures in summary["per_category"].items():
         print(f"  {category:22} {pct(figures['success_rate'])}  ({figures['games']} games)")
 
@@ -121,13 +125,25 @@ def play_through_proxy(tasks: list[dict[str, str]], args: argparse.Namespace, ou
         model = PeftModel.from_pretrained(model, args.adapter).merge_and_unload()
     sampler = HFSampler(model, tokenizer, seed=args.seed, max_batch_size=max(64, args.concurrency))
     store_path = out_dir / "store.sqlite"
-    proxy = ProxyServer(sampler=sampler, tokenizer=tokenizer, store_path=store_path, model_name="tiny" if args.model.startswith("tiny") else Path(args.model.rstrip("/")).name,
-                        port=0, default_max_tokens=args.max_tokens)
+    proxy = ProxyServer(
+        sampler=sampler,
+        tokenizer=tokenizer,
+        store_path=store_path,
+        model_name="tiny" if args.model.startswith("tiny") else Path(args.model.rstrip("/")).name,
+        port=0,
+        default_max_tokens=args.max_tokens,
+    )
 
     async def run() -> list[Any]:
         async with SQLiteStore(store_path) as store:
-            runner = Runner(agent, server_url=proxy.base_url, api_key=proxy.api_key, model=proxy.model_name, store=store,
-                            config=RunnerConfig(group_size=1, concurrency=args.concurrency, timeout_s=args.rollout_timeout))
+            runner = Runner(
+                agent,
+                server_url=proxy.base_url,
+                api_key=proxy.api_key,
+                model=proxy.model_name,
+                store=store,
+                config=RunnerConfig(group_size=1, concurrency=args.concurrency, timeout_s=args.rollout_timeout),
+            )
             try:
                 return await runner.run(tasks, group_prefix="eval")
             finally:
@@ -141,7 +157,10 @@ def play_through_proxy(tasks: list[dict[str, str]], args: argparse.Namespace, ou
         sampler.close()
     failed = [o for o in outcomes if o.rollout_id not in states]
     for outcome in failed:
-        print(f"rollout {outcome.rollout_id} ({outcome.task['secret']}) {outcome.status.value}: {outcome.error}", file=sys.stderr)
+        print(
+            f"rollout {outcome.rollout_id} ({outcome.task['secret']}) {outcome.status.value}: {outcome.error}",
+            file=sys.stderr,
+        )
     return [states[o.rollout_id] for o in outcomes if o.rollout_id in states]
 
 
@@ -150,7 +169,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--split", default="test", choices=("test", "train"))
     parser.add_argument("--limit", type=int, default=None, help="only the first N entities of the split")
-    parser.add_argument("--model", default="tiny", help="served here: tiny / a model dir / hub id; with --base-url: the remote model name")
+    parser.add_argument(
+        "--model",
+        default="tiny",
+        help="served here: tiny / a model dir / hub id; with --base-url: the remote model name",
+    )
     parser.add_argument("--adapter", default=None, help="a trained LoRA adapter directory (e.g. RUN_DIR/final_adapter)")
     parser.add_argument("--base-url", default=None, help="an OpenAI-compatible server to evaluate instead (a baseline)")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "none"))
@@ -158,7 +181,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=40)
     parser.add_argument("--torch-threads", type=int, default=1, help="CPU threads for torch (0: torch's default)")
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--search", action="store_true", help="give the player the search tool (off by default: prompt cost)")
+    parser.add_argument(
+        "--search", action="store_true", help="give the player the search tool (off by default: prompt cost)"
+    )
     parser.add_argument("--rollout-timeout", type=float, default=900.0)
     parser.add_argument("--seed", type=int, default=17)
     return parser.parse_args(argv)
@@ -185,8 +210,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with (out_dir / "games.jsonl").open("w") as handle:
         for state in states:
             handle.write(json.dumps(state) + "\n")
-    summary = {**summarize(states), "wall_time_s": round(wall, 2), "model": args.model, "adapter": args.adapter,
-               "base_url": args.base_url, "split": args.split}
+    summary = {
+        **summarize(states),
+        "wall_time_s": round(wall, 2),
+        "model": args.model,
+        "adapter": args.adapter,
+        "base_url": args.base_url,
+        "split": args.split,
+    }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print_summary(summary, wall)
     print(f"final states: {out_dir / 'games.jsonl'} · summary: {out_dir / 'summary.json'}")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from twenty_q.env import apply_offline_environment, limit_torch_threads  # noqa: E402  (offline switches first)
+from twenty_q.env import apply_offline_environment, limit_torch_threads
 
 
 def build_config(args: argparse.Namespace):
@@ -70,10 +70,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--checkpoint-every", type=int, default=None, help="default: only at the end")
     parser.add_argument("--no-eval", action="store_true", help="skip the held-out evaluations")
-    parser.add_argument("--search", action="store_true", help="give the player the search tool (off by default: prompt cost)")
+    parser.add_argument(
+        "--search", action="store_true", help="give the player the search tool (off by default: prompt cost)"
+    )
     parser.add_argument("--no-tensorboard", action="store_true")
     parser.add_argument(
-        "--litellm-config", default=None, metavar="FILE",
+        "--litellm-config",
+        default=None,
+        metavar="FILE",
         help="LiteLLM config adding models to the run's proxy; with TWENTYQ_ANSWERER_VIA_PROXY=1 and "
         "TWENTYQ_ANSWERER_MODEL naming one of them, the answerer is called through the proxy (recorded text-only)",
     )
@@ -106,10 +110,14 @@ def main(argv: list[str] | None = None):
     def fmt(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.3f}"
 
-    print(f"twenty questions: {summary.steps} steps in {summary.wall_time_s / 60:.1f} min · held-out success "
-          f"{fmt(summary.eval_start)} → {fmt(summary.eval_end)}")
-    print(f"metrics: {summary.run_dir / 'metrics.jsonl'} · adapter: {summary.run_dir / 'final_adapter'} · "
-          f"store: {summary.run_dir / 'store.sqlite'}")
+    print(
+        f"twenty questions: {summary.steps} steps in {summary.wall_time_s / 60:.1f} min · held-out success "
+        f"{fmt(summary.eval_start)} → {fmt(summary.eval_end)}"
+    )
+    print(
+        f"metrics: {summary.run_dir / 'metrics.jsonl'} · adapter: {summary.run_dir / 'final_adapter'} · "
+        f"store: {summary.run_dir / 'store.sqlite'}"
+    )
     return summary
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent import hello_agent, prompt_for  # noqa: E402
+from agent import hello_agent, prompt_for
 
-from agl_bridge.train.config import GRPOConfig, WarmStartConfig  # noqa: E402
-from agl_bridge.train.grpo import GRPOTrainer, RunSummary  # noqa: E402
+from agl_bridge.train.config import GRPOConfig, WarmStartConfig
+from agl_bridge.train.grpo import GRPOTrainer, RunSummary
 
 HELD_OUT = 40
 
@@ -53,7 +53,11 @@ def build_config(args: argparse.Namespace) -> GRPOConfig:
         default_max_tokens=16,
         concurrency=32,
         seed=args.seed,
-        warm_start=WarmStartConfig(steps=0 if args.no_warm_start else (20 if quick else args.warm_start_steps), batch_size=16, learning_rate=2e-3),
+        warm_start=WarmStartConfig(
+            steps=0 if args.no_warm_start else (20 if quick else args.warm_start_steps),
+            batch_size=16,
+            learning_rate=2e-3,
+        ),
     )
 
 
@@ -107,7 +111,10 @@ def print_summary(summary: RunSummary) -> None:
     console = Console()
     console.print(table)
     run_dir = summary.run_dir
-    console.print(f"metrics: {run_dir / 'metrics.jsonl'} · curve: {run_dir / 'reward_curve.png'} · adapter: {run_dir / 'final_adapter'}")
+    console.print(
+        f"metrics: {run_dir / 'metrics.jsonl'} · curve: {run_dir / 'reward_curve.png'} · adapter: "
+        f"{run_dir / 'final_adapter'}"
+    )
 
 
 if __name__ == "__main__":

@@ -84,8 +84,16 @@ def test_export_trajectories_writes_a_file_read_trajectories_loads(
 def test_options_select_agents_weigh_rewards_and_keep_unrewarded_attempts(store_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
     result = export(
-        store_path, out, "--agent", "solver", "--missing-reward", "zero", "--reward-weight", "fmt=0.25",
-        "--rollout", "ro-2",
+        store_path,
+        out,
+        "--agent",
+        "solver",
+        "--missing-reward",
+        "zero",
+        "--reward-weight",
+        "fmt=0.25",
+        "--rollout",
+        "ro-2",
     )
     assert result.exit_code == 0, result.output
     assert "Wrote 1 trajectories (1 segments from 2 LLM calls) of rollout ro-2" in result.stdout

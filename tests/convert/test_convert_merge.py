@@ -26,7 +26,7 @@ def test_extending_turns_merge_into_one_segment_with_exact_alignment() -> None:
     assert [(c.sequence, c.response_start, c.response_end) for c in segment.calls] == [(0, 3, 5), (1, 7, 8), (2, 9, 12)]
     assert segment.split_kind is None and segment.split_reason is None
     # Token fidelity: each call's prompt and response are exactly the stored ids.
-    for stored, placed in zip(calls, segment.calls):
+    for stored, placed in zip(calls, segment.calls, strict=False):
         assert segment.input_ids[: placed.response_start] == stored.prompt_token_ids
         assert segment.input_ids[placed.response_start : placed.response_end] == stored.response_token_ids
 

@@ -15,8 +15,21 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_KEYS = {
-    "step", "policy_version", "reward_mean", "rollouts", "trajectories", "datums", "loss", "grad_norm", "lr",
-    "logprob_diff_abs_mean", "time_sample_s", "time_convert_s", "time_train_s", "time_sync_s", "overhead_share",
+    "step",
+    "policy_version",
+    "reward_mean",
+    "rollouts",
+    "trajectories",
+    "datums",
+    "loss",
+    "grad_norm",
+    "lr",
+    "logprob_diff_abs_mean",
+    "time_sample_s",
+    "time_convert_s",
+    "time_train_s",
+    "time_sync_s",
+    "overhead_share",
 }
 
 
@@ -24,11 +37,16 @@ def test_quick_demo_writes_metrics_curve_adapter_and_summary(tmp_path: Path) -> 
     run_dir = tmp_path / "hello"
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "hello_qwen" / "train.py"), "--quick", "--run-dir", str(run_dir)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "160"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "160"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "supervised warm start" in result.stderr
-    assert "held-out reward" in result.stdout and "start of RL" in result.stdout and "end of RL (3 steps)" in result.stdout
+    assert (
+        "held-out reward" in result.stdout and "start of RL" in result.stdout and "end of RL (3 steps)" in result.stdout
+    )
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["phase"] == "train"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hello_qwen"))
-from agent import prompt_for, reward_for  # noqa: E402
+from agent import prompt_for, reward_for
 
 
 @pytest.mark.parametrize(

@@ -92,8 +92,12 @@ def test_guessed_name() -> None:
 
 def test_the_offline_llm_reads_its_prompt_and_answers_in_crewai_format() -> None:
     llm = OfflineAnswererLLM()
-    text = llm.call([{"role": "system", "content": "You answer."},
-                     {"role": "user", "content": "Secret: harp\nCategory: instruments\nQuestion: Does it have strings?"}])
+    text = llm.call(
+        [
+            {"role": "system", "content": "You answer."},
+            {"role": "user", "content": "Secret: harp\nCategory: instruments\nQuestion: Does it have strings?"},
+        ]
+    )
     assert text.startswith("Thought:") and '"yes_or_no":"yes"' in text.replace(" ", "")
     with pytest.raises(ValueError, match="Secret"):
         llm.call("no markers here")

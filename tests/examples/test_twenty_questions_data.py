@@ -34,17 +34,19 @@ def test_no_alias_names_two_entities() -> None:
     assert [n for n, c in names.items() if c > 1] == []
 
 
-def test_malformed_entity_rows_are_skipped_with_the_line_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_malformed_entity_rows_are_skipped_with_the_line_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "entities.csv"
     path.write_text(
         "name,category,split,aliases\n"
         "dog,animals,train,puppy\n"
-        ",animals,train,\n"                # line 3: empty name
-        "cat,pets,train,\n"                # line 4: unknown category
-        "cow,animals,validation,\n"        # line 5: unknown split
-        "dog,animals,test,\n"              # line 6: duplicate
+        ",animals,train,\n"  # line 3: empty name
+        "cat,pets,train,\n"  # line 4: unknown category
+        "cow,animals,validation,\n"  # line 5: unknown split
+        "dog,animals,test,\n"  # line 6: duplicate
         "rose,flowers,test,roses,extra\n"  # line 7: too many fields
-        "tulip,flowers,test\n"             # line 8: fine without aliases (DictReader gives None)
+        "tulip,flowers,test\n"  # line 8: fine without aliases (DictReader gives None)
     )
     with caplog.at_level(logging.WARNING):
         entities = load_entities(path)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from twenty_questions_helpers import PlainEndpoint, ScriptedOpenAIServer
 from twenty_q.agent import PlayerSettings, play_game
 from twenty_q.answerer_llm import AnswererConfig, OfflineAnswererLLM, make_answerer_llm
 from twenty_q.flow import GAME_OVER, NEXT_TURN, TwentyQuestionsFlow
 from twenty_q.state import Turn
+from twenty_questions_helpers import PlainEndpoint, ScriptedOpenAIServer
 
 NO_SEARCH = PlayerSettings(use_search=False)
 
@@ -62,18 +62,26 @@ def test_a_scripted_player_wins_a_full_game() -> None:
         "Final Answer: Is it a penguin?",
     ]
     with ScriptedOpenAIServer(replies) as server:
-        state = play_game({"secret": "penguin", "category": "animals"}, PlainEndpoint(server.base_url),
-                          settings=NO_SEARCH, answerer=AnswererConfig())
+        state = play_game(
+            {"secret": "penguin", "category": "animals"},
+            PlainEndpoint(server.base_url),
+            settings=NO_SEARCH,
+            answerer=AnswererConfig(),
+        )
     assert state.guessed and state.turn == 6
     assert [(t.question, t.answer) for t in state.history] == [
-        ("Is it an animal?", "yes"), ("Is it a mammal?", "no"), (None, None), ("Is it a bird?", "yes"),
-        ("Does it live in the water?", "yes"), ("Is it a penguin?", "yes"),
+        ("Is it an animal?", "yes"),
+        ("Is it a mammal?", "no"),
+        (None, None),
+        ("Is it a bird?", "yes"),
+        ("Does it live in the water?", "yes"),
+        ("Is it a penguin?", "yes"),
     ]
     assert state.history[2].wasted and state.answerer_errors == 0 and state.player_errors == 0
     # Every request carries the whole conversation: each prompt extends the previous one + its reply.
     bodies = [r["messages"] for r in server.requests]
     assert len(bodies) == 6
-    for before, after, reply in zip(bodies, bodies[1:], replies):
+    for before, after, reply in zip(bodies, bodies[1:], replies, strict=False):
         assert after[: len(before)] == before
         assert after[len(before)] == {"role": "assistant", "content": reply}
     assert all(r["model"] == "scripted" for r in server.requests)
@@ -81,14 +89,18 @@ def test_a_scripted_player_wins_a_full_game() -> None:
 
 def test_a_player_that_never_asks_uses_up_twenty_turns() -> None:
     with ScriptedOpenAIServer(["cardboard floated whispered"]) as server:
-        state = play_game({"secret": "harp", "category": "instruments"}, PlainEndpoint(server.base_url), settings=NO_SEARCH)
+        state = play_game(
+            {"secret": "harp", "category": "instruments"}, PlainEndpoint(server.base_url), settings=NO_SEARCH
+        )
     assert not state.guessed and state.turn == 20 and all(t.wasted for t in state.history)
 
 
 def test_a_failing_player_server_wastes_turns_but_the_game_ends() -> None:
     settings = PlayerSettings(use_search=False, max_turns=3)
     with ScriptedOpenAIServer(["Is it a penguin?"], status=400) as server:
-        state = play_game({"secret": "penguin", "category": "animals"}, PlainEndpoint(server.base_url), settings=settings)
+        state = play_game(
+            {"secret": "penguin", "category": "animals"}, PlainEndpoint(server.base_url), settings=settings
+        )
     assert not state.guessed and state.turn == 3 and state.player_errors == 3
 
 
@@ -99,8 +111,12 @@ def test_a_missing_answerer_configuration_answers_na(monkeypatch: pytest.MonkeyP
     assert make_answerer_llm(AnswererConfig(model="answerer", via_proxy=True), endpoint=None) is None
     settings = PlayerSettings(use_search=False, max_turns=2)
     with ScriptedOpenAIServer(["Is it a penguin?"]) as server:
-        state = play_game({"secret": "penguin", "category": "animals"}, PlainEndpoint(server.base_url),
-                          settings=settings, answerer=config)
+        state = play_game(
+            {"secret": "penguin", "category": "animals"},
+            PlainEndpoint(server.base_url),
+            settings=settings,
+            answerer=config,
+        )
     assert not state.guessed and state.turn == 2 and state.answerer_errors == 2
     assert [t.answer for t in state.history] == ["n/a", "n/a"] and all(t.wasted for t in state.history)
 
@@ -111,8 +127,11 @@ def test_the_search_tool_is_counted_and_answers_about_the_named_thing() -> None:
         "Thought: I know now\nFinal Answer: Is it a penguin?",
     ]
     with ScriptedOpenAIServer(replies) as server:
-        state = play_game({"secret": "penguin", "category": "animals"}, PlainEndpoint(server.base_url),
-                          settings=PlayerSettings(use_search=True))
+        state = play_game(
+            {"secret": "penguin", "category": "animals"},
+            PlainEndpoint(server.base_url),
+            settings=PlayerSettings(use_search=True),
+        )
     assert state.guessed and state.turn == 1 and state.tool_calls == 1
     observation = str(server.requests[1]["messages"])
     assert "penguin (animals)" in observation and "lays eggs" in observation

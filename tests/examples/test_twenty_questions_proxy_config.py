@@ -33,14 +33,19 @@ def test_answerer_via_the_proxy_config_is_used_and_recorded_as_text(tmp_path: Pa
     config.write_text(CONFIG)
     result = subprocess.run(
         [sys.executable, str(HERE / "twenty_questions_proxy_driver.py"), str(tmp_path / "store.sqlite"), str(config)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(HERE)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(HERE)},
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["status"] == "succeeded", report["error"]
     state = report["state"]
     assert [(t["question"], t["answer"], t["reason"]) for t in state["history"]] == [
-        ("Is it an animal?", "yes", "It is one."), ("Is it an animal?", "yes", "It is one."),
+        ("Is it an animal?", "yes", "It is one."),
+        ("Is it an animal?", "yes", "It is one."),
     ]
     assert state["answerer_errors"] == 0 and not state["guessed"]
     # Both models were served by the user's config through the rollout's URL: recorded text-only, in order.

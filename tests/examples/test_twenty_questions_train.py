@@ -30,8 +30,11 @@ async def read_store(path: Path) -> dict[str, tuple[list, list, list]]:
         out = {}
         for rollout in await store.list_rollouts():
             rid = rollout.rollout_id
-            out[rid] = ([c async for c in store.iter_llm_calls(rid)], [s async for s in store.iter_spans(rid)],
-                        [r async for r in store.iter_rewards(rid)])
+            out[rid] = (
+                [c async for c in store.iter_llm_calls(rid)],
+                [s async for s in store.iter_spans(rid)],
+                [r async for r in store.iter_rewards(rid)],
+            )
         return out
 
 
@@ -41,6 +44,8 @@ async def all_scopes(path: Path) -> set[str | None]:
 
     async with SQLiteStore(path) as store:
         return {s.scope_name async for s in store.iter_all_spans()}
+
+
 TRAIN = ROOT / "examples" / "crewai_twenty_questions" / "train.py"
 
 
@@ -48,9 +53,27 @@ def test_one_training_step_through_the_proxy(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     env = {**os.environ, "TWENTYQ_MAX_TURNS": "6", "COLUMNS": "160"}
     result = subprocess.run(
-        [sys.executable, str(TRAIN), "--batch-size", "2", "--group-size", "2", "--steps", "1", "--no-eval",
-         "--no-tensorboard", "--concurrency", "4", "--run-dir", str(run_dir)],
-        capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path,
+        [
+            sys.executable,
+            str(TRAIN),
+            "--batch-size",
+            "2",
+            "--group-size",
+            "2",
+            "--steps",
+            "1",
+            "--no-eval",
+            "--no-tensorboard",
+            "--concurrency",
+            "4",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert "twenty questions: 1 steps" in result.stdout

@@ -19,13 +19,13 @@ import twenty_questions_helpers  # noqa: F401  (puts the example on the import p
 
 os.environ.update(TWENTYQ_ANSWERER_MODEL="answerer", TWENTYQ_ANSWERER_VIA_PROXY="1", TWENTYQ_MAX_TURNS="2")
 
-from twenty_q.agent import play_game  # noqa: E402
+from twenty_q.agent import play_game
 
-from agl_bridge.models.loading import load_causal_lm, load_tokenizer, resolve_model_path  # noqa: E402
-from agl_bridge.proxy.server import ProxyServer  # noqa: E402
-from agl_bridge.runner import Runner, RunnerConfig  # noqa: E402
-from agl_bridge.sampler.hf import HFSampler  # noqa: E402
-from agl_bridge.store.sqlite import SQLiteStore  # noqa: E402
+from agl_bridge.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from agl_bridge.proxy.server import ProxyServer
+from agl_bridge.runner import Runner, RunnerConfig
+from agl_bridge.sampler.hf import HFSampler
+from agl_bridge.store.sqlite import SQLiteStore
 
 
 def main(store_path: str, config_path: str) -> None:
@@ -33,7 +33,9 @@ def main(store_path: str, config_path: str) -> None:
     path = resolve_model_path("tiny")
     tokenizer = load_tokenizer(path)
     sampler = HFSampler(load_causal_lm(path), tokenizer, seed=0)
-    proxy = ProxyServer(sampler=sampler, tokenizer=tokenizer, store_path=store_path, port=0, litellm_config_path=config_path)
+    proxy = ProxyServer(
+        sampler=sampler, tokenizer=tokenizer, store_path=store_path, port=0, litellm_config_path=config_path
+    )
     states: dict[str, Any] = {}
 
     def agent(task: Any, endpoint: Any) -> None:
@@ -41,15 +43,25 @@ def main(store_path: str, config_path: str) -> None:
 
     async def run() -> dict[str, Any]:
         async with SQLiteStore(store_path) as store:
-            runner = Runner(agent, server_url=proxy.base_url, api_key=proxy.api_key, model="scripted-player", store=store,
-                            config=RunnerConfig(timeout_s=120))
+            runner = Runner(
+                agent,
+                server_url=proxy.base_url,
+                api_key=proxy.api_key,
+                model="scripted-player",
+                store=store,
+                config=RunnerConfig(timeout_s=120),
+            )
             try:
                 (outcome,) = await runner.run([{"secret": "penguin", "category": "animals"}])
             finally:
                 runner.close()
             calls = [c async for c in store.iter_llm_calls(outcome.rollout_id)]
-            return {"status": outcome.status.value, "error": outcome.error, "state": states.get(outcome.rollout_id),
-                    "calls": [[c.kind, c.model] for c in calls]}
+            return {
+                "status": outcome.status.value,
+                "error": outcome.error,
+                "state": states.get(outcome.rollout_id),
+                "calls": [[c.kind, c.model] for c in calls],
+            }
 
     try:
         proxy.start()

@@ -93,7 +93,7 @@ def test_special_and_added_tokens_are_single_ids(tiny_tokenizer) -> None:
     ids = [tiny_tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS + ADDED_TOKENS]
     assert ids[:3] == [0, 1, 2]
     assert ids[3:] == list(range(2048 - len(ADDED_TOKENS), 2048))
-    for token, token_id in zip(SPECIAL_TOKENS + ADDED_TOKENS, ids):
+    for token, token_id in zip(SPECIAL_TOKENS + ADDED_TOKENS, ids, strict=False):
         assert tiny_tokenizer.encode(token, add_special_tokens=False) == [token_id]
         assert tiny_tokenizer.encode(f"x{token}y", add_special_tokens=False).count(token_id) == 1
     assert tiny_tokenizer.eos_token == "<|im_end|>"
@@ -163,8 +163,8 @@ def test_chat_template_renders_system_tools_tool_calls_and_tool_results(tiny_tok
         "<|im_start|>assistant\n"
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call><|im_end|>\n'
-        "<|im_start|>user\n<tool_response>\n{\"temp\": 20}\n</tool_response>\n"
-        "<tool_response>\n{\"temp\": 25}\n</tool_response><|im_end|>\n"
+        '<|im_start|>user\n<tool_response>\n{"temp": 20}\n</tool_response>\n'
+        '<tool_response>\n{"temp": 25}\n</tool_response><|im_end|>\n'
         "<|im_start|>assistant\nParis 20, Rome 25.<|im_end|>\n"
         "<|im_start|>user\nThanks<|im_end|>\n"
         "<|im_start|>assistant\n"
@@ -194,8 +194,13 @@ def test_vocab_is_honoured_exactly(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("overrides", "field"),
-    [({"hidden": 30}, "hidden"), ({"layers": 0}, "layers"), ({"vocab": 100}, "vocab"), ({"seed": -1}, "seed"),
-     ({"initializer_range": 0.0}, "initializer_range")],
+    [
+        ({"hidden": 30}, "hidden"),
+        ({"layers": 0}, "layers"),
+        ({"vocab": 100}, "vocab"),
+        ({"seed": -1}, "seed"),
+        ({"initializer_range": 0.0}, "initializer_range"),
+    ],
 )
 def test_bad_arguments_name_the_argument(overrides: dict, field: str, tmp_path: Path) -> None:
     with pytest.raises(InvalidTinySpecError, match=field) as info:

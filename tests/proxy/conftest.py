@@ -24,7 +24,11 @@ def serve_process(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     store = folder / "cli.sqlite"
     process = subprocess.Popen(
         [AGL_BRIDGE, "serve", "--model", str(tiny_model_dir), "--port", "0", "--store", str(store)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=folder,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        cwd=folder,
     )
     server = ServeProcess(process, store, folder)
     assert process.stderr is not None

@@ -90,7 +90,9 @@ class ServeProcess:
             self.seen.append(line)
             if (match := pattern.search(line)) is not None:
                 return match
-        raise AssertionError(f"`agl-bridge serve` never printed {pattern.pattern!r}; stderr so far:\n" + "".join(self.seen))
+        raise AssertionError(
+            f"`agl-bridge serve` never printed {pattern.pattern!r}; stderr so far:\n" + "".join(self.seen)
+        )
 
 
 def cli_env() -> dict[str, str]:

@@ -84,7 +84,9 @@ def test_bad_chat_request_is_an_openai_error_naming_the_field(
 ) -> None:
     if stream and body.startswith(b"{") and body.endswith(b"}"):
         body = body[:-1] + b', "stream": true}'
-    response = httpx.post(f"{proxy_server.base_url}/v1/chat/completions", content=body, headers=_headers(proxy_server), timeout=60)
+    response = httpx.post(
+        f"{proxy_server.base_url}/v1/chat/completions", content=body, headers=_headers(proxy_server), timeout=60
+    )
     error = _check_error(response, status, param)
     # LiteLLM's own check of a non-string model says "bad_request_error"; everything else is OpenAI's type.
     assert error["type"] == ("bad_request_error" if param == "model" and status == 400 else "invalid_request_error")
@@ -110,10 +112,18 @@ def test_the_openai_client_raises_the_matching_exceptions(proxy_server: Any) -> 
 )
 @pytest.mark.parametrize(
     "path",
-    ["/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/traces", "/rollout/r1/attempt/a1/v1/chat/completions"],
+    [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/v1/traces",
+        "/rollout/r1/attempt/a1/v1/chat/completions",
+    ],
 )
 def test_missing_or_wrong_key_is_401(proxy_server: Any, headers: dict[str, str], path: str) -> None:
-    response = httpx.post(f"{proxy_server.base_url}{path}", content=_chat(), headers={"content-type": "application/json", **headers})
+    response = httpx.post(
+        f"{proxy_server.base_url}{path}", content=_chat(), headers={"content-type": "application/json", **headers}
+    )
     error = _check_error(response, 401, None)
     assert error["type"] == "authentication_error"
 
@@ -123,7 +133,9 @@ def test_other_key_headers_are_accepted(proxy_server: Any) -> None:
     for header in ("x-api-key", "api-key"):
         response = httpx.post(
             f"{proxy_server.base_url}/rollout/{rid}/attempt/a1/v1/chat/completions",
-            content=_chat(), headers={"content-type": "application/json", header: proxy_server.api_key}, timeout=60,
+            content=_chat(),
+            headers={"content-type": "application/json", header: proxy_server.api_key},
+            timeout=60,
         )
         assert response.status_code == 200, response.text
     assert len(stored_calls(proxy_server, rid)) == 2
@@ -145,7 +157,16 @@ def test_liveness_needs_no_key(proxy_server: Any) -> None:
         ("/v1/chat/completions", {"x-rollout-id": "r1", "x-attempt-id": "a/1"}, "x-attempt-id"),
         ("/v1/chat/completions", {"x-attempt-id": "a1"}, "x-attempt-id"),
     ],
-    ids=["space", "leading-dash", "empty", "too-long", "attempt-dollar", "header-space", "header-slash", "attempt-alone"],
+    ids=[
+        "space",
+        "leading-dash",
+        "empty",
+        "too-long",
+        "attempt-dollar",
+        "header-space",
+        "header-slash",
+        "attempt-alone",
+    ],
 )
 def test_malformed_rollout_ids_are_refused_before_any_work(
     proxy_server: Any, path: str, headers: dict[str, str], param: str
@@ -171,11 +192,22 @@ async def test_a_thousand_bad_requests_then_a_good_one(proxy_server: Any) -> Non
         ("/v1/chat/completions", _chat(), {**key, "x-attempt-id": "lonely"}, 400),
         ("/rollout/r%201/attempt/a1/v1/chat/completions", _chat(), key, 400),
         ("/rollout/r1/attempt/a%24/v1/chat/completions", _chat(), key, 400),
-        *[("/v1/chat/completions", bodies[name][0], key, bodies[name][1])
-          for name in ("not-json", "json-list", "json-null", "json-string", "not-json")],
+        *[
+            ("/v1/chat/completions", bodies[name][0], key, bodies[name][1])
+            for name in ("not-json", "json-list", "json-null", "json-string", "not-json")
+        ],
         # LiteLLM and our pre-call check (6 of 20)
-        *[("/v1/chat/completions", bodies[name][0], key, bodies[name][1])
-          for name in ("malformed-json", "missing-messages", "unknown-model", "unknown-role", "content-int", "tools-not-a-list")],
+        *[
+            ("/v1/chat/completions", bodies[name][0], key, bodies[name][1])
+            for name in (
+                "malformed-json",
+                "missing-messages",
+                "unknown-model",
+                "unknown-role",
+                "content-int",
+                "tools-not-a-list",
+            )
+        ],
         # the chat service and the completions route (2 of 20)
         ("/v1/chat/completions", bodies["max-tokens-zero"][0], key, 400),
         ("/v1/completions", json.dumps({"model": MODEL, "prompt": [1, 10**7]}).encode(), key, 400),
@@ -186,7 +218,9 @@ async def test_a_thousand_bad_requests_then_a_good_one(proxy_server: Any) -> Non
         pending.put_nowait(request)
     outcomes: list[tuple[int, int, bool]] = []
 
-    async with httpx.AsyncClient(base_url=proxy_server.base_url, timeout=60, limits=httpx.Limits(max_connections=16)) as client:
+    async with httpx.AsyncClient(
+        base_url=proxy_server.base_url, timeout=60, limits=httpx.Limits(max_connections=16)
+    ) as client:
 
         async def worker() -> None:
             while not pending.empty():

@@ -22,7 +22,9 @@ import openai
 import pytest
 from proxy_helpers import AGL_BRIDGE, ServeProcess, cli_env
 
-SERVING = re.compile(r"agl-bridge is serving '(?P<name>[^']+)' \((?P<path>.+)\) at (?P<url>http://127\.0\.0\.1:(?P<port>\d+)/v1)$")
+SERVING = re.compile(
+    r"agl-bridge is serving '(?P<name>[^']+)' \((?P<path>.+)\) at (?P<url>http://127\.0\.0\.1:(?P<port>\d+)/v1)$"
+)
 KEY = re.compile(r"^\s*key: (?P<key>\S+)")
 
 
@@ -52,8 +54,12 @@ def _refusal(args: list[str]) -> str:
     return lines[0]
 
 
-def test_public_host_without_a_key_exits_2_with_one_line(refuse_to_serve: None, tiny_model_dir: Path, tmp_path: Path) -> None:
-    line = _refusal(["--model", str(tiny_model_dir), "--host", "0.0.0.0", "--port", "0", "--store", str(tmp_path / "s.sqlite")])
+def test_public_host_without_a_key_exits_2_with_one_line(
+    refuse_to_serve: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    line = _refusal(
+        ["--model", str(tiny_model_dir), "--host", "0.0.0.0", "--port", "0", "--store", str(tmp_path / "s.sqlite")]
+    )
     assert line.startswith("Error: ") and "0.0.0.0" in line and "--api-key" in line
     assert not (tmp_path / "s.sqlite").exists()
 
@@ -83,11 +89,16 @@ def test_serve_prints_url_and_key_answers_and_records_into_the_store(
 
     base = serving["url"].removesuffix("/v1")
     assert httpx.get(f"{base}/health/liveliness", timeout=10).status_code == 200
-    assert httpx.post(f"{serving['url']}/chat/completions", json={}, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert (
+        httpx.post(f"{serving['url']}/chat/completions", json={}, headers={"Authorization": "Bearer nope"}).status_code
+        == 401
+    )
     url = per_rollout.replace("ROLLOUT_ID", "cli-ro").replace("ATTEMPT_ID", "cli-at")
     with openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=60) as client:
         reply = client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "hello from the CLI test"}], max_tokens=5,
+            model="tiny",
+            messages=[{"role": "user", "content": "hello from the CLI test"}],
+            max_tokens=5,
             extra_body={"return_token_ids": True},
         )
 
@@ -97,7 +108,10 @@ def test_serve_prints_url_and_key_answers_and_records_into_the_store(
     out = server.folder / "calls.jsonl"
     exported = subprocess.run(
         [AGL_BRIDGE, "export", "--store", str(server.store), "--what", "calls", "--out", str(out)],
-        capture_output=True, text=True, env=cli_env(), timeout=120,
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
     )
     assert exported.returncode == 0, exported.stderr
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]

@@ -58,14 +58,19 @@ def test_text_prompt_is_tokenized_without_special_tokens(proxy_server: Any, tiny
 def test_several_prompts_and_n_give_every_choice(proxy_server: Any) -> None:
     rid = new_id("batch")
     prompts = [[5, 6, 7], [8, 9]]
-    response = _post(proxy_server, {"model": MODEL, "prompt": prompts, "n": 2, "max_tokens": 3, "return_token_ids": True}, rid)
+    response = _post(
+        proxy_server, {"model": MODEL, "prompt": prompts, "n": 2, "max_tokens": 3, "return_token_ids": True}, rid
+    )
     assert response.status_code == 200, response.text
     choices = response.json()["choices"]
     assert [c["index"] for c in choices] == [0, 1, 2, 3]
     assert [c["prompt_token_ids"] for c in choices] == [prompts[0], prompts[0], prompts[1], prompts[1]]
     calls = stored_calls(proxy_server, rid)
     assert sorted((tuple(c.prompt_token_ids), c.choice_index) for c in calls) == [
-        ((5, 6, 7), 0), ((5, 6, 7), 1), ((8, 9), 0), ((8, 9), 1)
+        ((5, 6, 7), 0),
+        ((5, 6, 7), 1),
+        ((8, 9), 0),
+        ((8, 9), 1),
     ]
     assert sorted(tuple(c.response_token_ids) for c in calls) == sorted(tuple(c["token_ids"]) for c in choices)
 

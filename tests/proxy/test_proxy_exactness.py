@@ -11,7 +11,9 @@ from proxy_helpers import MODEL, decode, new_id, stored_calls, strip_end_of_turn
 
 
 def _client(server: Any, rollout_id: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.openai_base_url(rollout_id, "at-1"), api_key=server.api_key, max_retries=0, timeout=60)
+    return openai.OpenAI(
+        base_url=server.openai_base_url(rollout_id, "at-1"), api_key=server.api_key, max_retries=0, timeout=60
+    )
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -42,7 +44,13 @@ def test_store_holds_exactly_what_the_sampler_consumed_and_produced(proxy_server
     rid = new_id("exact")
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"[{rid}] hello"}]
     with _client(proxy_server, rid) as client:
-        kwargs = {"model": MODEL, "messages": messages, "max_tokens": 12, "n": n, "extra_body": {"return_token_ids": True}}
+        kwargs = {
+            "model": MODEL,
+            "messages": messages,
+            "max_tokens": 12,
+            "n": n,
+            "extra_body": {"return_token_ids": True},
+        }
         if stream:
             chunks = list(client.chat.completions.create(stream=True, **kwargs))
             client_prompt = chunks[0].model_extra["prompt_token_ids"]
@@ -136,7 +144,9 @@ def test_an_empty_reply_still_streams_its_token_ids(proxy_server: Any, tiny_toke
     with _client(proxy_server, rid) as client:
         chunks = list(
             client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": f"[{rid}]"}], stream=True,
+                model=MODEL,
+                messages=[{"role": "user", "content": f"[{rid}]"}],
+                stream=True,
                 extra_body={"return_token_ids": True},
             )
         )
@@ -163,16 +173,21 @@ def test_three_turn_conversation_extends_prompt_plus_response_exactly(
             kwargs = {"model": MODEL, "messages": messages, "max_tokens": 9, "seed": turn}
             if stream:
                 reply = "".join(
-                    c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs) if c.choices
+                    c.choices[0].delta.content or ""
+                    for c in client.chat.completions.create(stream=True, **kwargs)
+                    if c.choices
                 )
             else:
                 reply = client.chat.completions.create(**kwargs).choices[0].message.content
             follow_up = ("second", "third", "fourth")[turn]
-            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"[{rid}] {follow_up} question"}]
+            messages += [
+                {"role": "assistant", "content": reply},
+                {"role": "user", "content": f"[{rid}] {follow_up} question"},
+            ]
     calls = stored_calls(proxy_server, rid)
     assert len(calls) == 3
     assert calls[0].finish_reason == "length" and calls[1].finish_reason == "stop"
-    for before, after in zip(calls, calls[1:]):
+    for before, after in zip(calls, calls[1:], strict=False):
         prefix = before.prompt_token_ids + before.response_token_ids
         assert after.prompt_token_ids[: len(prefix)] == prefix
         assert after.prefix_breaks == []

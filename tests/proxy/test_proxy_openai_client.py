@@ -69,7 +69,10 @@ async def test_async_client_concurrent_calls_each_match_their_record(proxy_serve
         responses = await asyncio.gather(
             *(
                 client.chat.completions.create(
-                    model=MODEL, messages=_ask(rid, f"question {i}"), max_tokens=6, extra_body={"return_token_ids": True}
+                    model=MODEL,
+                    messages=_ask(rid, f"question {i}"),
+                    max_tokens=6,
+                    extra_body={"return_token_ids": True},
                 )
                 for i in range(4)
             )
@@ -173,7 +176,9 @@ def test_n_2_gives_two_choices_recorded_under_one_sequence(proxy_server: Any) ->
     assert proxy_server.sampler.served_for(calls[0].prompt_token_ids)[0][1] == 2  # one request, n=2
 
 
-def test_logprobs_are_the_recorded_sampler_logprobs_with_top_alternatives(proxy_server: Any, tiny_tokenizer: Any) -> None:
+def test_logprobs_are_the_recorded_sampler_logprobs_with_top_alternatives(
+    proxy_server: Any, tiny_tokenizer: Any
+) -> None:
     rid = new_id("logprobs")
     with _client(proxy_server, rid) as client:
         response = client.chat.completions.create(
@@ -203,7 +208,9 @@ def test_streamed_logprobs_are_the_recorded_sampler_logprobs(proxy_server: Any) 
             client.chat.completions.create(model=MODEL, messages=_ask(rid), max_tokens=8, logprobs=True, stream=True)
         )
     (call,) = stored_calls(proxy_server, rid)
-    streamed = [entry.logprob for c in chunks if c.choices and c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
+    streamed = [
+        entry.logprob for c in chunks if c.choices and c.choices[0].logprobs for entry in c.choices[0].logprobs.content
+    ]
     assert streamed == call.response_logprobs
 
 
@@ -251,17 +258,26 @@ def test_stop_string_cuts_the_text_and_stops_sampling(proxy_server: Any, tiny_to
     assert first.response_token_ids[: len(second.response_token_ids)] == second.response_token_ids
     assert stop in decode(tiny_tokenizer, second.response_token_ids)
     assert stop not in decode(tiny_tokenizer, second.response_token_ids[:-1])
-    assert [stop in entry[2].stop for entry in proxy_server.sampler.served_for(second.prompt_token_ids)] == [False, True]
+    assert [stop in entry[2].stop for entry in proxy_server.sampler.served_for(second.prompt_token_ids)] == [
+        False,
+        True,
+    ]
 
 
 def test_stop_string_in_a_stream_is_never_sent(proxy_server: Any) -> None:
     rid = new_id("stopstream")
     messages = _ask(rid)
     with _client(proxy_server, rid) as client:
-        text = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, seed=5).choices[0].message.content
+        text = (
+            client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, seed=5)
+            .choices[0]
+            .message.content
+        )
         stop = text.split()[len(text.split()) // 2]
         chunks = list(
-            client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, seed=5, stop=stop, stream=True)
+            client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=24, seed=5, stop=stop, stream=True
+            )
         )
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == text[: text.find(stop)]

@@ -75,7 +75,9 @@ async def test_async_reward_inside_rollout_context(proxy_server: Any) -> None:
     rid, aid = new_id("rwasync"), "at-3"
     base_url = proxy_server.openai_base_url(rid, aid)
     async with openai.AsyncOpenAI(base_url=base_url, api_key=proxy_server.api_key, max_retries=0) as client:
-        await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"[{rid}]"}], max_tokens=2)
+        await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"[{rid}]"}], max_tokens=2
+        )
         with rollout_context(rid, aid):
             await emit_reward_async(1.0)
     (call,) = stored_calls(proxy_server, rid, aid)
@@ -112,7 +114,11 @@ def test_reward_from_an_agent_subprocess(proxy_server: Any, tmp_path: Any) -> No
     }
     done = subprocess.run(
         [sys.executable, "-c", _AGENT, proxy_server.openai_base_url(rid, aid)],
-        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
     assert "REFUSED RewardDeliveryError" in done.stdout, done.stdout + done.stderr

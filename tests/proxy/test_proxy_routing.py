@@ -17,7 +17,9 @@ def _ask(text: str) -> list[dict[str, str]]:
 
 def test_url_prefix_attributes_the_call(proxy_server: Any) -> None:
     rid, aid = new_id("url"), new_id("att")
-    with openai.OpenAI(base_url=proxy_server.openai_base_url(rid, aid), api_key=proxy_server.api_key, max_retries=0) as client:
+    with openai.OpenAI(
+        base_url=proxy_server.openai_base_url(rid, aid), api_key=proxy_server.api_key, max_retries=0
+    ) as client:
         client.chat.completions.create(model=MODEL, messages=_ask(f"[{rid}]"), max_tokens=2)
     (call,) = stored_calls(proxy_server, rid, aid)
     assert (call.rollout_id, call.attempt_id, call.sequence) == (rid, aid, 0)
@@ -34,9 +36,14 @@ def test_headers_attribute_the_call_with_the_agent_name(proxy_server: Any) -> No
 
 def test_url_prefix_wins_over_conflicting_headers(proxy_server: Any) -> None:
     rid, other = new_id("win"), new_id("other")
-    with openai.OpenAI(base_url=proxy_server.openai_base_url(rid, "a1"), api_key=proxy_server.api_key, max_retries=0) as client:
+    with openai.OpenAI(
+        base_url=proxy_server.openai_base_url(rid, "a1"), api_key=proxy_server.api_key, max_retries=0
+    ) as client:
         client.chat.completions.create(
-            model=MODEL, messages=_ask(f"[{rid}]"), max_tokens=2, extra_headers={"x-rollout-id": other, "x-attempt-id": "a9"}
+            model=MODEL,
+            messages=_ask(f"[{rid}]"),
+            max_tokens=2,
+            extra_headers={"x-rollout-id": other, "x-attempt-id": "a9"},
         )
     assert len(stored_calls(proxy_server, rid, "a1")) == 1
     assert stored_calls(proxy_server, other) == []
@@ -78,7 +85,10 @@ async def test_64_concurrent_rollouts_never_mix(proxy_server: Any) -> None:
 
     async def agent(rid: str) -> None:
         client = openai.AsyncOpenAI(
-            base_url=proxy_server.openai_base_url(rid, "a1"), api_key=proxy_server.api_key, max_retries=0, http_client=shared
+            base_url=proxy_server.openai_base_url(rid, "a1"),
+            api_key=proxy_server.api_key,
+            max_retries=0,
+            http_client=shared,
         )
         messages: list[dict[str, str]] = [{"role": "user", "content": f"I am {rid}."}]
         first = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)

@@ -29,7 +29,9 @@ CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}
 
 
 def _client(server: Any, rollout_id: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.openai_base_url(rollout_id, "at-1"), api_key=server.api_key, max_retries=0, timeout=60)
+    return openai.OpenAI(
+        base_url=server.openai_base_url(rollout_id, "at-1"), api_key=server.api_key, max_retries=0, timeout=60
+    )
 
 
 def _script(server: Any, tokenizer: Any, marker: str, text: str, times: int | None = None) -> list[int]:
@@ -128,16 +130,21 @@ def test_sending_the_tool_call_back_extends_the_prompt_exactly(
     messages: list[Any] = _ask(rid)
     with _client(proxy_server, rid) as client:
         if stream_first_turn:
-            chunks = [c.choices[0] for c in client.chat.completions.create(
-                model=MODEL, messages=messages, tools=TOOLS, stream=True
-            ) if c.choices]
+            chunks = [
+                c.choices[0]
+                for c in client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, stream=True)
+                if c.choices
+            ]
             deltas = [d for c in chunks for d in (c.delta.tool_calls or [])]
             assistant: Any = {
                 "role": "assistant",
                 "content": "".join(c.delta.content or "" for c in chunks),
                 "tool_calls": [
-                    {"id": deltas[0].id, "type": "function",
-                     "function": {"name": deltas[0].function.name, "arguments": deltas[0].function.arguments}}
+                    {
+                        "id": deltas[0].id,
+                        "type": "function",
+                        "function": {"name": deltas[0].function.name, "arguments": deltas[0].function.arguments},
+                    }
                 ],
             }
         else:

@@ -21,7 +21,9 @@ from reliability_helpers import openai_error_problem
 
 MODEL = "tiny"
 _SMALL_TOKENS = st.sampled_from([1, 2, 3])  # valid max_tokens stay small: generation is not what is tested
-_ASCII = st.text(alphabet=string.ascii_letters + string.digits + string.punctuation + " ", max_size=12)  # what a client can send in a header
+_ASCII = st.text(
+    alphabet=string.ascii_letters + string.digits + string.punctuation + " ", max_size=12
+)  # what a client can send in a header
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats() | st.text(max_size=20),
@@ -29,20 +31,43 @@ json_values = st.recursive(
     max_leaves=12,
 )
 _content = st.one_of(
-    st.text(max_size=40), st.none(), st.integers(), json_values,
-    st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", "x"]), "text": st.one_of(st.text(max_size=20), st.integers())}), max_size=3),
+    st.text(max_size=40),
+    st.none(),
+    st.integers(),
+    json_values,
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "type": st.sampled_from(["text", "image_url", "x"]),
+                "text": st.one_of(st.text(max_size=20), st.integers()),
+            }
+        ),
+        max_size=3,
+    ),
 )
 _tool = st.one_of(
-    st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
-        {"name": st.one_of(st.from_regex(r"[a-z_]{1,10}", fullmatch=True), st.integers(), st.text(max_size=5))},
-        optional={"parameters": json_values, "description": st.text(max_size=10)})}),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function"),
+            "function": st.fixed_dictionaries(
+                {"name": st.one_of(st.from_regex(r"[a-z_]{1,10}", fullmatch=True), st.integers(), st.text(max_size=5))},
+                optional={"parameters": json_values, "description": st.text(max_size=10)},
+            ),
+        }
+    ),
     json_values,
 )
 _message = st.one_of(
     st.fixed_dictionaries(
-        {"role": st.sampled_from(["user", "user", "system", "assistant", "tool", "developer", "wizard", ""]), "content": _content},
-        optional={"tool_calls": st.lists(json_values, max_size=2), "tool_call_id": st.one_of(st.text(max_size=8), st.integers()),
-                  "name": st.text(max_size=8)},
+        {
+            "role": st.sampled_from(["user", "user", "system", "assistant", "tool", "developer", "wizard", ""]),
+            "content": _content,
+        },
+        optional={
+            "tool_calls": st.lists(json_values, max_size=2),
+            "tool_call_id": st.one_of(st.text(max_size=8), st.integers()),
+            "name": st.text(max_size=8),
+        },
     ),
     json_values,
 )
@@ -51,7 +76,9 @@ _chat_options = {
     "temperature": st.one_of(st.floats(), st.text(max_size=4), st.integers(-5, 5)),
     "top_p": st.one_of(st.floats(), st.integers(-2, 2), st.text(max_size=3)),
     "top_k": st.one_of(st.integers(-3, 5000), st.text(max_size=3), st.floats()),
-    "stop": st.one_of(st.text(max_size=5), st.lists(st.one_of(st.text(max_size=5), st.integers()), max_size=5), st.integers()),
+    "stop": st.one_of(
+        st.text(max_size=5), st.lists(st.one_of(st.text(max_size=5), st.integers()), max_size=5), st.integers()
+    ),
     "seed": st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.text(max_size=4), st.floats()),
     "logprobs": st.one_of(st.booleans(), st.integers(-1, 3), st.text(max_size=3)),
     "top_logprobs": st.one_of(st.integers(-2, 25), st.text(max_size=3)),
@@ -60,7 +87,12 @@ _chat_options = {
     "tools": st.one_of(st.lists(_tool, max_size=3), json_values),
     "tool_choice": st.one_of(st.sampled_from(["auto", "none", "required", "sometimes"]), json_values),
     "return_token_ids": json_values,
-    "chat_template_kwargs": st.one_of(st.dictionaries(st.sampled_from(["enable_thinking", "add_generation_prompt", "x", "messages"]), json_values, max_size=2), json_values),
+    "chat_template_kwargs": st.one_of(
+        st.dictionaries(
+            st.sampled_from(["enable_thinking", "add_generation_prompt", "x", "messages"]), json_values, max_size=2
+        ),
+        json_values,
+    ),
     "max_completion_tokens": st.one_of(_SMALL_TOKENS, st.sampled_from([0, -3, "4", 2.5])),
     "response_format": json_values,
     "user": json_values,
@@ -70,7 +102,9 @@ _chat_options = {
 }
 chat_bodies = st.fixed_dictionaries(
     {
-        "model": st.one_of(st.just(MODEL), st.just(MODEL), st.just(MODEL), st.text(max_size=8), st.integers(), st.none()),
+        "model": st.one_of(
+            st.just(MODEL), st.just(MODEL), st.just(MODEL), st.text(max_size=8), st.integers(), st.none()
+        ),
         "messages": st.one_of(st.lists(_message, min_size=1, max_size=4), st.lists(_message, max_size=0), json_values),
         "max_tokens": st.one_of(_SMALL_TOKENS, _SMALL_TOKENS, st.sampled_from([0, -1, "2", 1.5, True, 10**20])),
     },
@@ -80,27 +114,79 @@ completion_bodies = st.fixed_dictionaries(
     {
         "model": st.one_of(st.just(MODEL), st.just(MODEL), st.text(max_size=6), st.integers()),
         "prompt": st.one_of(
-            st.lists(st.integers(-3, 2100), max_size=8), st.text(max_size=20),
-            st.lists(st.one_of(st.lists(st.integers(0, 2100), max_size=5), st.text(max_size=5)), max_size=3), json_values,
+            st.lists(st.integers(-3, 2100), max_size=8),
+            st.text(max_size=20),
+            st.lists(st.one_of(st.lists(st.integers(0, 2100), max_size=5), st.text(max_size=5)), max_size=3),
+            json_values,
         ),
         "max_tokens": st.one_of(_SMALL_TOKENS, st.sampled_from([0, -1, "2", None, 10**20])),
     },
     optional={k: _chat_options[k] for k in ("n", "temperature", "top_p", "top_k", "stop", "seed", "return_token_ids")}
-    | {"logprobs": st.one_of(st.integers(-1, 5), st.booleans(), st.none()), "stop_token_ids": json_values, "ignore_eos": json_values},
+    | {
+        "logprobs": st.one_of(st.integers(-1, 5), st.booleans(), st.none()),
+        "stop_token_ids": json_values,
+        "ignore_eos": json_values,
+    },
 )
 otlp_bodies = st.one_of(
     json_values,
-    st.fixed_dictionaries({"resourceSpans": st.lists(st.fixed_dictionaries({"scopeSpans": st.lists(st.fixed_dictionaries({
-        "spans": st.lists(st.fixed_dictionaries({
-            "traceId": st.one_of(st.just("0" * 31 + "1"), st.text(max_size=32)),
-            "spanId": st.one_of(st.just("0" * 15 + "2"), st.text(max_size=16)),
-            "name": st.sampled_from(["agl.reward", "other", ""]),
-            "attributes": st.lists(st.fixed_dictionaries({
-                "key": st.sampled_from(["agl.rollout_id", "agl.reward.value", "agl.reward.name", "x"]),
-                "value": st.one_of(st.fixed_dictionaries({"doubleValue": st.one_of(st.floats(), st.sampled_from(["NaN", "Infinity", "x"]))}),
-                                   st.fixed_dictionaries({"stringValue": st.text(max_size=10)}), json_values),
-            }), max_size=4),
-        }), max_size=2)}), max_size=2)}), max_size=2)}),
+    st.fixed_dictionaries(
+        {
+            "resourceSpans": st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "scopeSpans": st.lists(
+                            st.fixed_dictionaries(
+                                {
+                                    "spans": st.lists(
+                                        st.fixed_dictionaries(
+                                            {
+                                                "traceId": st.one_of(st.just("0" * 31 + "1"), st.text(max_size=32)),
+                                                "spanId": st.one_of(st.just("0" * 15 + "2"), st.text(max_size=16)),
+                                                "name": st.sampled_from(["agl.reward", "other", ""]),
+                                                "attributes": st.lists(
+                                                    st.fixed_dictionaries(
+                                                        {
+                                                            "key": st.sampled_from(
+                                                                [
+                                                                    "agl.rollout_id",
+                                                                    "agl.reward.value",
+                                                                    "agl.reward.name",
+                                                                    "x",
+                                                                ]
+                                                            ),
+                                                            "value": st.one_of(
+                                                                st.fixed_dictionaries(
+                                                                    {
+                                                                        "doubleValue": st.one_of(
+                                                                            st.floats(),
+                                                                            st.sampled_from(["NaN", "Infinity", "x"]),
+                                                                        )
+                                                                    }
+                                                                ),
+                                                                st.fixed_dictionaries(
+                                                                    {"stringValue": st.text(max_size=10)}
+                                                                ),
+                                                                json_values,
+                                                            ),
+                                                        }
+                                                    ),
+                                                    max_size=4,
+                                                ),
+                                            }
+                                        ),
+                                        max_size=2,
+                                    )
+                                }
+                            ),
+                            max_size=2,
+                        )
+                    }
+                ),
+                max_size=2,
+            )
+        }
+    ),
 )
 _ids = st.one_of(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,20}", fullmatch=True), st.text(max_size=10))
 
@@ -123,26 +209,48 @@ def _encode(value: Any) -> bytes:
 def requests(draw: st.DrawFn) -> FuzzRequest:
     """A generated request; about half are chat completions, the rest spread over the other routes."""
     kind = draw(st.sampled_from(["chat"] * 6 + ["rollout_chat"] * 2 + ["completions"] * 2 + ["traces", "raw", "other"]))
-    headers = {"content-type": draw(st.sampled_from(["application/json"] * 6 + ["text/plain", "application/x-protobuf", ""]))}
+    headers = {
+        "content-type": draw(st.sampled_from(["application/json"] * 6 + ["text/plain", "application/x-protobuf", ""]))
+    }
     if draw(st.integers(0, 9)) == 0:
         headers["x-rollout-id"] = draw(_ASCII.filter(lambda s: s.strip() == s))
         if draw(st.booleans()):
             headers["x-attempt-id"] = draw(_ASCII.filter(lambda s: s.strip() == s))
     if kind in ("chat", "rollout_chat"):
         body = _encode(draw(chat_bodies))
-        path = "/v1/chat/completions" if kind == "chat" else (
-            f"/rollout/{quote(draw(_ids), safe='')}/attempt/{quote(draw(_ids), safe='')}/v1/chat/completions")
+        path = (
+            "/v1/chat/completions"
+            if kind == "chat"
+            else (f"/rollout/{quote(draw(_ids), safe='')}/attempt/{quote(draw(_ids), safe='')}/v1/chat/completions")
+        )
         return FuzzRequest("POST", path, headers, body)
     if kind == "completions":
-        return FuzzRequest("POST", draw(st.sampled_from(["/v1/completions", "/completions"])), headers, _encode(draw(completion_bodies)))
+        return FuzzRequest(
+            "POST",
+            draw(st.sampled_from(["/v1/completions", "/completions"])),
+            headers,
+            _encode(draw(completion_bodies)),
+        )
     if kind == "traces":
         return FuzzRequest("POST", "/v1/traces", headers, _encode(draw(otlp_bodies)))
     if kind == "raw":
         path = draw(st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/traces"]))
         return FuzzRequest("POST", path, headers, draw(st.binary(max_size=64)))
     method = draw(st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]))
-    path = draw(st.sampled_from(["/v1/models", "/models", "/v1/nothing", "/rollout/r1", "/rollout/r1/attempt/a1/v1/x",
-                                 "/v1/chat/completions", "/v1/embeddings", "/v1/responses"]))
+    path = draw(
+        st.sampled_from(
+            [
+                "/v1/models",
+                "/models",
+                "/v1/nothing",
+                "/rollout/r1",
+                "/rollout/r1/attempt/a1/v1/x",
+                "/v1/chat/completions",
+                "/v1/embeddings",
+                "/v1/responses",
+            ]
+        )
+    )
     return FuzzRequest(method, path, headers, _encode(draw(json_values)))
 
 

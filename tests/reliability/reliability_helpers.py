@@ -111,11 +111,32 @@ class ProxyProcess:
             self.process.stdout.close()
 
 
-def start_proxy(store: Path, model_dir: Path, *, sampler: str = "instant", token_delay_s: float = 0.0,
-                tokens: int = 8, api_key: str = "sk-reliability") -> ProxyProcess:
+def start_proxy(
+    store: Path,
+    model_dir: Path,
+    *,
+    sampler: str = "instant",
+    token_delay_s: float = 0.0,
+    tokens: int = 8,
+    api_key: str = "sk-reliability",
+) -> ProxyProcess:
     """Start `serve_subprocess.py` on a free port and wait until it answers; the caller must `stop()` it."""
-    command = [sys.executable, str(SERVE_SCRIPT), "--store", str(store), "--model-dir", str(model_dir),
-               "--sampler", sampler, "--token-delay", str(token_delay_s), "--tokens", str(tokens), "--key", api_key]
+    command = [
+        sys.executable,
+        str(SERVE_SCRIPT),
+        "--store",
+        str(store),
+        "--model-dir",
+        str(model_dir),
+        "--sampler",
+        sampler,
+        "--token-delay",
+        str(token_delay_s),
+        "--tokens",
+        str(tokens),
+        "--key",
+        api_key,
+    ]
     log = (store.parent / f"{store.stem}.proxy.log").open("a")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=child_env(), cwd=REPO)
     log.close()

@@ -3,8 +3,8 @@
 N concurrent rollouts, each a K-turn conversation through the proxy (the real `Runner`, each
 rollout on its own `/rollout/{r}/attempt/{a}/v1` base URL). Every user message carries its
 rollout's id, so after the run the store is checked call by call: a call missing from its rollout
-is lost (a call answered 200 but not in the store), a call whose messages name another rollout is misattributed, and each attempt's sequence
-numbers must be unique and increasing.
+is lost (a call answered 200 but not in the store), a call whose messages name another rollout is
+misattributed, and each attempt's sequence numbers must be unique and increasing.
 """
 
 from __future__ import annotations
@@ -53,25 +53,38 @@ class LoadReport:
     def summary(self) -> dict[str, Any]:
         """The report as plain numbers."""
         return {
-            "rollouts": self.rollouts, "calls_per_rollout": self.calls_per_rollout,
-            "calls_expected": self.calls_expected, "calls_stored": self.calls_stored, "lost": self.lost,
-            "misattributed": self.misattributed, "out_of_order": self.out_of_order,
-            "rollouts_failed": self.rollouts_failed, "http_errors": self.http_errors,
-            "p50_ms": round(self.p50_ms, 2), "p99_ms": round(self.p99_ms, 2), "wall_s": round(self.wall_s, 2),
+            "rollouts": self.rollouts,
+            "calls_per_rollout": self.calls_per_rollout,
+            "calls_expected": self.calls_expected,
+            "calls_stored": self.calls_stored,
+            "lost": self.lost,
+            "misattributed": self.misattributed,
+            "out_of_order": self.out_of_order,
+            "rollouts_failed": self.rollouts_failed,
+            "http_errors": self.http_errors,
+            "p50_ms": round(self.p50_ms, 2),
+            "p99_ms": round(self.p99_ms, 2),
+            "wall_s": round(self.wall_s, 2),
             "calls_per_s": round(self.calls_expected / self.wall_s, 1) if self.wall_s else None,
             "first_errors": sorted(set(self.errors))[:5],
         }
 
 
 async def run_load(
-    server_url: str, api_key: str, store_path: str | Path, *, rollouts: int, calls: int, model: str = "tiny",
-    max_tokens: int = 2, timeout_s: float = 600.0,
+    server_url: str,
+    api_key: str,
+    store_path: str | Path,
+    *,
+    rollouts: int,
+    calls: int,
+    model: str = "tiny",
+    max_tokens: int = 2,
+    timeout_s: float = 600.0,
 ) -> LoadReport:
     """Run `rollouts` concurrent rollouts of `calls` turns each and check the store; see the module doc."""
     report = LoadReport(rollouts, calls, calls_expected=rollouts * calls)
     limits = httpx.Limits(max_connections=rollouts, max_keepalive_connections=rollouts)
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client, SQLiteStore(store_path) as store:
-
         acknowledged: dict[str, int] = {}  # calls answered 200, per rollout: each must be in the store
 
         async def agent(task: Any, endpoint: Any) -> float:
@@ -80,8 +93,11 @@ async def run_load(
             for turn in range(calls):
                 messages.append({"role": "user", "content": f"[{endpoint.rollout_id}] turn {turn}"})
                 started = time.perf_counter()
-                response = await client.post(f"{endpoint.base_url}/chat/completions", headers=headers,
-                                             json={"model": endpoint.model, "messages": messages, "max_tokens": max_tokens})
+                response = await client.post(
+                    f"{endpoint.base_url}/chat/completions",
+                    headers=headers,
+                    json={"model": endpoint.model, "messages": messages, "max_tokens": max_tokens},
+                )
                 report.latencies_ms.append((time.perf_counter() - started) * 1e3)
                 if response.status_code != 200:
                     report.http_errors += 1
@@ -90,8 +106,14 @@ async def run_load(
                 messages.append(response.json()["choices"][0]["message"])
             return 1.0
 
-        runner = Runner(agent, server_url=server_url, api_key=api_key, model=model, store=store,
-                        config=RunnerConfig(concurrency=rollouts, timeout_s=timeout_s))
+        runner = Runner(
+            agent,
+            server_url=server_url,
+            api_key=api_key,
+            model=model,
+            store=store,
+            config=RunnerConfig(concurrency=rollouts, timeout_s=timeout_s),
+        )
         started = time.perf_counter()
         try:
             outcomes = await runner.run(range(rollouts))
@@ -107,9 +129,14 @@ async def run_load(
             report.lost += max(0, acknowledged.get(outcome.rollout_id, 0) - len(stored))
             marker = f"[{outcome.rollout_id}]"
             report.misattributed += sum(
-                1 for c in stored if not any(marker in str(m.get("content")) for m in c.messages if m.get("role") == "user")
-                or any("[" in str(m.get("content")) and marker not in str(m.get("content"))
-                       for m in c.messages if m.get("role") == "user")
+                1
+                for c in stored
+                if not any(marker in str(m.get("content")) for m in c.messages if m.get("role") == "user")
+                or any(
+                    "[" in str(m.get("content")) and marker not in str(m.get("content"))
+                    for m in c.messages
+                    if m.get("role") == "user"
+                )
             )
             sequences = [c.sequence for c in stored]
             report.out_of_order += sequences != sorted(set(sequences))

@@ -14,14 +14,14 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import signal  # noqa: E402
-from collections.abc import AsyncIterator, Sequence  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
-from agl_bridge.sampler.base import SampleResult, SamplingParams, TokenEvent  # noqa: E402
-from agl_bridge.sampler.instant import InstantSampler  # noqa: E402
+from agl_bridge.sampler.base import SampleResult, SamplingParams, TokenEvent
+from agl_bridge.sampler.instant import InstantSampler
 
 
 class SlowSampler(InstantSampler):
@@ -31,7 +31,9 @@ class SlowSampler(InstantSampler):
         super().__init__(response_tokens, vocab_size=vocab_size)
         self.delay = delay
 
-    async def sample_async(self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1) -> SampleResult:
+    async def sample_async(
+        self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
+    ) -> SampleResult:
         """The fixed response after `delay` per token."""
         result = self.sample(prompt_tokens, params, num_samples)
         await asyncio.sleep(self.delay * len(result.sequences[0].tokens))
@@ -90,8 +92,15 @@ def main() -> None:
 
     tokenizer = load_tokenizer(args.model_dir)
     sampler = _sampler(args.sampler, args.model_dir, tokenizer, args.tokens, args.token_delay)
-    server = ProxyServer(sampler=sampler, tokenizer=tokenizer, store_path=args.store, model_name="tiny",
-                         port=args.port, api_key=args.key, default_max_tokens=64)
+    server = ProxyServer(
+        sampler=sampler,
+        tokenizer=tokenizer,
+        store_path=args.store,
+        model_name="tiny",
+        port=args.port,
+        api_key=args.key,
+        default_max_tokens=64,
+    )
     signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn handles the first SIGTERM itself
     try:
         server.serve_forever(on_ready=lambda ready: print(f"READY {ready.port}", flush=True))

@@ -123,7 +123,11 @@ async def test_gateway_closes_unkeyed_websockets_before_the_app_sees_them() -> N
     for headers in ([], [(b"authorization", b"Bearer sk-wrong")]):
         await gateway({"type": "websocket", "path": "/v1/realtime", "headers": headers}, receive, send)
     assert reached == [] and [m["type"] for m in sent] == ["websocket.close", "websocket.close"]
-    await gateway({"type": "websocket", "path": "/v1/realtime", "headers": [(b"authorization", b"Bearer sk-right")]}, receive, send)
+    await gateway(
+        {"type": "websocket", "path": "/v1/realtime", "headers": [(b"authorization", b"Bearer sk-right")]},
+        receive,
+        send,
+    )
     assert len(reached) == 1
 
 
@@ -155,9 +159,22 @@ def test_serve_refuses_a_public_bind_without_a_key_before_loading_the_model(tmp_
     """The model path does not exist: an error about the key proves the check comes first (and fast)."""
     started = time.monotonic()
     result = subprocess.run(
-        [AGL_BRIDGE, "serve", "--model", str(tmp_path / "no-such-model"), "--host", "0.0.0.0", "--port", "0",
-         "--store", str(tmp_path / "s.sqlite")],
-        capture_output=True, text=True, timeout=120, env=child_env(),
+        [
+            AGL_BRIDGE,
+            "serve",
+            "--model",
+            str(tmp_path / "no-such-model"),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
     )
     assert result.returncode == 2, result.stderr
     assert "--api-key" in result.stderr and "no-such-model" not in result.stderr and "Traceback" not in result.stderr
@@ -184,8 +201,16 @@ async def test_a_new_store_is_private_even_under_a_permissive_umask(tmp_path: Pa
     previous = os.umask(0)
     try:
         async with SQLiteStore(tmp_path / "open" / "s.sqlite") as store:
-            await store.add_llm_call(LLMCall(rollout_id="ro-1", attempt_id="at-1", model="m", prompt_token_ids=[1],
-                                             response_token_ids=[2], response_logprobs=[-0.5]))
+            await store.add_llm_call(
+                LLMCall(
+                    rollout_id="ro-1",
+                    attempt_id="at-1",
+                    model="m",
+                    prompt_token_ids=[1],
+                    response_token_ids=[2],
+                    response_logprobs=[-0.5],
+                )
+            )
             for suffix in ("", "-wal", "-shm"):
                 assert _mode(f"{store.path}{suffix}") == 0o600, suffix
     finally:

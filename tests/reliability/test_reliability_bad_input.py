@@ -38,8 +38,13 @@ def client(proxy_server: Any) -> Iterator[httpx.Client]:
 def test_generated_requests_get_no_5xx_and_only_openai_errors(proxy_server: Any, client: httpx.Client) -> None:
     seen: dict[int, int] = {}
 
-    @settings(max_examples=CI_REQUESTS, derandomize=True, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=CI_REQUESTS,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(request=requests())
     def one(request: FuzzRequest) -> None:
         response = send(client, request, proxy_server.api_key)
@@ -49,24 +54,36 @@ def test_generated_requests_get_no_5xx_and_only_openai_errors(proxy_server: Any,
 
     one()
     print("fuzz statuses:", dict(sorted(seen.items())))
-    assert sum(seen.values()) >= CI_REQUESTS and seen.get(200, 0) > 10 and sum(v for k, v in seen.items() if k >= 400) > 50
+    assert (
+        sum(seen.values()) >= CI_REQUESTS and seen.get(200, 0) > 10 and sum(v for k, v in seen.items() if k >= 400) > 50
+    )
     assert client.get("/health/liveliness").status_code == 200
 
 
 @pytest.mark.parametrize(
     ("path", "method"),
-    [("/v1/nothing", "GET"), ("/rollout/r1/attempt/a1/v1/nothing", "POST"), ("/rollout/r1", "GET"),
-     ("/v1/chat/completions", "GET"), ("/v1/completions", "DELETE")],
+    [
+        ("/v1/nothing", "GET"),
+        ("/rollout/r1/attempt/a1/v1/nothing", "POST"),
+        ("/rollout/r1", "GET"),
+        ("/v1/chat/completions", "GET"),
+        ("/v1/completions", "DELETE"),
+    ],
 )
-def test_unknown_routes_and_methods_are_openai_errors(proxy_server: Any, client: httpx.Client, path: str, method: str) -> None:
+def test_unknown_routes_and_methods_are_openai_errors(
+    proxy_server: Any, client: httpx.Client, path: str, method: str
+) -> None:
     response = client.request(method, path, headers={"Authorization": f"Bearer {proxy_server.api_key}"})
     assert response.status_code in (404, 405)
     assert openai_error_problem(response) is None, response.text
 
 
 def test_refusals_carry_a_word_code_not_the_status(proxy_server: Any, client: httpx.Client) -> None:
-    response = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {proxy_server.api_key}"},
-                           json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": -1})
+    response = client.post(
+        "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {proxy_server.api_key}"},
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": -1},
+    )
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_value", response.text
     assert response.json()["error"]["param"] == "temperature"
 
@@ -107,8 +124,20 @@ def test_bad_serve_arguments_fail_before_the_model_loads(tmp_path: Path) -> None
 
     config = tmp_path / "litellm.yaml"
     config.write_text("model_list: 5\n")
-    result = CliRunner().invoke(app, ["serve", "--model", str(tmp_path / "no-model"), "--port", "0",
-                                      "--store", str(tmp_path / "s.sqlite"), "--litellm-config", str(config)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "serve",
+            "--model",
+            str(tmp_path / "no-model"),
+            "--port",
+            "0",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--litellm-config",
+            str(config),
+        ],
+    )
     assert result.exit_code == 2 and "model_list" in result.stderr and "no-model" not in result.stderr
 
 
@@ -134,7 +163,9 @@ def test_an_agent_returning_a_bad_reward_is_refused(value: Any) -> None:
         rewards_of(value)
 
 
-@pytest.mark.parametrize("line", ["agl-reward: nan", "agl-reward: inf", "agl-reward score: -Infinity", "agl-reward: lots"])
+@pytest.mark.parametrize(
+    "line", ["agl-reward: nan", "agl-reward: inf", "agl-reward score: -Infinity", "agl-reward: lots"]
+)
 def test_an_agent_command_printing_a_bad_reward_is_refused(line: str) -> None:
     with pytest.raises(AgentCommandError, match="reward line"):
         parse_reward_lines(line)
@@ -142,8 +173,14 @@ def test_an_agent_command_printing_a_bad_reward_is_refused(line: str) -> None:
 
 @pytest.mark.parametrize(
     "value",
-    [{"doubleValue": "NaN"}, {"doubleValue": "Infinity"}, {"doubleValue": "-Infinity"}, {"stringValue": "0.5"},
-     {"boolValue": True}, {}],
+    [
+        {"doubleValue": "NaN"},
+        {"doubleValue": "Infinity"},
+        {"doubleValue": "-Infinity"},
+        {"stringValue": "0.5"},
+        {"boolValue": True},
+        {},
+    ],
     ids=["nan", "inf", "-inf", "string", "bool", "missing"],
 )
 def test_the_trace_receiver_refuses_bad_reward_values_and_stores_nothing(
@@ -151,7 +188,12 @@ def test_the_trace_receiver_refuses_bad_reward_values_and_stores_nothing(
 ) -> None:
     rid = new_id("badreward")
     attributes = [{"key": "agl.rollout_id", "value": {"stringValue": rid}}, {"key": "agl.reward.value", "value": value}]
-    span = {"traceId": "0" * 31 + "1", "spanId": new_id("")[1:17].ljust(16, "0"), "name": "agl.reward", "attributes": attributes}
+    span = {
+        "traceId": "0" * 31 + "1",
+        "spanId": new_id("")[1:17].ljust(16, "0"),
+        "name": "agl.reward",
+        "attributes": attributes,
+    }
     body = {"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}
     response = client.post("/v1/traces", json=body, headers={"Authorization": f"Bearer {proxy_server.api_key}"})
     assert response.status_code == 400 and openai_error_problem(response) is None, response.text

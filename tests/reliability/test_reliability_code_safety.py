@@ -16,28 +16,61 @@ PACKAGE = Path(__file__).resolve().parents[2] / "agl_bridge"
 
 # Calls that run or deserialize arbitrary code/objects.
 FORBIDDEN_CALLS = {
-    "eval", "exec", "compile", "pickle.load", "pickle.loads", "cPickle.loads", "marshal.load", "marshal.loads",
-    "shelve.open", "dill.loads", "dill.load", "jsonpickle.decode", "yaml.unsafe_load", "yaml.full_load",
-    "numpy.load", "np.load",
+    "eval",
+    "exec",
+    "compile",
+    "pickle.load",
+    "pickle.loads",
+    "cPickle.loads",
+    "marshal.load",
+    "marshal.loads",
+    "shelve.open",
+    "dill.loads",
+    "dill.load",
+    "jsonpickle.decode",
+    "yaml.unsafe_load",
+    "yaml.full_load",
+    "numpy.load",
+    "np.load",
 }
 
-_SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|REPLACE|CREATE|DROP|ALTER|PRAGMA|WITH)\b|\b(FROM|WHERE|VALUES|SET)\b")
+_SQL = re.compile(
+    r"^\s*(SELECT|INSERT|UPDATE|DELETE|REPLACE|CREATE|DROP|ALTER|PRAGMA|WITH)\b|\b(FROM|WHERE|VALUES|SET)\b"
+)
 
 # Expressions interpolated into SQL text, by file: table/column names from module constants,
 # "?" placeholder lists, and clauses made of those. Never a value.
 SQL_INTERPOLATIONS: dict[str, set[str]] = {
-    "store/sqlite_writer.py": {"table", "', '.join(columns)", "placeholders", "values",
-                               "max(1, int(self._max_db_bytes) // int(page_size))",
-                               "self._synchronous"},  # checked against SYNCHRONOUS_MODES in __init__
+    "store/sqlite_writer.py": {
+        "table",
+        "', '.join(columns)",
+        "placeholders",
+        "values",
+        "max(1, int(self._max_db_bytes) // int(page_size))",
+        "self._synchronous",
+    },  # checked against SYNCHRONOUS_MODES in __init__
     "store/schema.py": {"VERSION_TABLE"},
     "store/sqlite_rollouts.py": {"ROLLOUT_SELECT", "ATTEMPT_SELECT"},
-    "store/sqlite.py": {"ROLLOUT_SELECT", "ATTEMPT_SELECT", "marks", "', '.join(('?' for _ in values))", "select",
-                        "table", "order", "column", "', '.join(rest)", "', '.join(('?' for _ in rest))"},
+    "store/sqlite.py": {
+        "ROLLOUT_SELECT",
+        "ATTEMPT_SELECT",
+        "marks",
+        "', '.join(('?' for _ in values))",
+        "select",
+        "table",
+        "order",
+        "column",
+        "', '.join(rest)",
+        "', '.join(('?' for _ in rest))",
+    },
 }
 
 
 def _modules() -> list[tuple[str, ast.Module]]:
-    return [(str(path.relative_to(PACKAGE)), ast.parse(path.read_text(), str(path))) for path in sorted(PACKAGE.rglob("*.py"))]
+    return [
+        (str(path.relative_to(PACKAGE)), ast.parse(path.read_text(), str(path)))
+        for path in sorted(PACKAGE.rglob("*.py"))
+    ]
 
 
 def _name(node: ast.expr) -> str:
@@ -78,7 +111,7 @@ def test_the_scanner_catches_what_it_looks_for() -> None:
     bad = ast.parse("import pickle, yaml, torch\npickle.loads(b)\neval(s)\nyaml.load(t)\ntorch.load(p)\n")
     names = {_name(n.func) for n in ast.walk(bad) if isinstance(n, ast.Call)}
     assert {"pickle.loads", "eval"} <= names & FORBIDDEN_CALLS
-    sql = ast.parse('conn.execute(f"SELECT * FROM t WHERE name = \'{name}\'")')
+    sql = ast.parse("conn.execute(f\"SELECT * FROM t WHERE name = '{name}'\")")
     assert [ast.unparse(v.value) for v in ast.walk(sql) if isinstance(v, ast.FormattedValue)] == ["name"]
 
 
@@ -88,8 +121,12 @@ def _sql_text(node: ast.AST) -> str | None:
         text = "".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
     elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant):
         text = str(node.left.value)
-    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format" \
-            and isinstance(node.func.value, ast.Constant):
+    elif (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "format"
+        and isinstance(node.func.value, ast.Constant)
+    ):
         text = str(node.func.value.value)
     else:
         return None
@@ -115,7 +152,13 @@ def test_sql_is_parameterized() -> None:
     assert problems == [], "bind values with ? placeholders; identifiers built in code go in SQL_INTERPOLATIONS"
 
 
-HOSTILE = ["x'); DROP TABLE llm_calls; --", 'a" OR "1"="1', "%s %d {0} ?", "\x00nul", "ro' UNION SELECT * FROM rewards --"]
+HOSTILE = [
+    "x'); DROP TABLE llm_calls; --",
+    'a" OR "1"="1',
+    "%s %d {0} ?",
+    "\x00nul",
+    "ro' UNION SELECT * FROM rewards --",
+]
 
 
 async def test_hostile_values_are_stored_as_data(tmp_path: Path) -> None:
@@ -127,10 +170,21 @@ async def test_hostile_values_are_stored_as_data(tmp_path: Path) -> None:
         for index, text in enumerate(HOSTILE):
             rollout = await store.create_rollout({"task": text}, group_id=f"g-{index}")
             attempt = await store.start_attempt(rollout.rollout_id)
-            await store.add_llm_call(LLMCall(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id, model=text,
-                                             prompt_token_ids=[1], response_token_ids=[2], response_logprobs=[-0.5],
-                                             messages=[{"role": "user", "content": text}], response_text=text))
-            await store.add_reward(Reward(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id, name=text, value=1.0))
+            await store.add_llm_call(
+                LLMCall(
+                    rollout_id=rollout.rollout_id,
+                    attempt_id=attempt.attempt_id,
+                    model=text,
+                    prompt_token_ids=[1],
+                    response_token_ids=[2],
+                    response_logprobs=[-0.5],
+                    messages=[{"role": "user", "content": text}],
+                    response_text=text,
+                )
+            )
+            await store.add_reward(
+                Reward(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id, name=text, value=1.0)
+            )
             calls = [c async for c in store.iter_llm_calls(rollout.rollout_id)]
             rewards = [r async for r in store.iter_rewards(rollout.rollout_id)]
             assert [c.model for c in calls] == [text] and calls[0].response_text == text

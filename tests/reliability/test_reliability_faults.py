@@ -34,7 +34,9 @@ def _user(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 
 
-async def _run(proxy_url: str, api_key: str, store_path: Path, agent: Any, config: RunnerConfig, tasks: list[Any]) -> tuple[Any, list[Any], list[Any]]:
+async def _run(
+    proxy_url: str, api_key: str, store_path: Path, agent: Any, config: RunnerConfig, tasks: list[Any]
+) -> tuple[Any, list[Any], list[Any]]:
     """Run `agent` over `tasks` with a Runner on its own connection to the store; outcomes, attempts, trajectories."""
     async with SQLiteStore(store_path) as store:
         runner = Runner(agent, server_url=proxy_url, api_key=api_key, model="tiny", store=store, config=config)
@@ -56,9 +58,11 @@ def test_proxy_killed_mid_stream(proxy_process: Callable[..., ProxyProcess], tmp
     async def agent(task: Any, endpoint: Any) -> float:
         client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0, timeout=30)
         try:
-            stream = await client.chat.completions.create(model="tiny", messages=_user("count"), max_tokens=400, stream=True)
+            stream = await client.chat.completions.create(
+                model="tiny", messages=_user("count"), max_tokens=400, stream=True
+            )
             received = 0
-            async for chunk in stream:
+            async for _chunk in stream:
                 received += 1
                 if received == 3:
                     chunks_seen.set()
@@ -93,12 +97,16 @@ def test_proxy_killed_mid_stream(proxy_process: Callable[..., ProxyProcess], tmp
     restarted = proxy_process(store, sampler="instant")
     rid = new_id("after-kill")
     with openai.OpenAI(base_url=restarted.rollout_url(rid, "at-1"), api_key=restarted.api_key, max_retries=0) as client:
-        assert client.chat.completions.create(model="tiny", messages=_user("hi"), max_tokens=4).choices[0].message.content
+        assert (
+            client.chat.completions.create(model="tiny", messages=_user("hi"), max_tokens=4).choices[0].message.content
+        )
     assert query(store, "SELECT count(*) FROM llm_calls WHERE rollout_key = ?", rid) == [(1,)]
     assert integrity(store) == "ok"
 
 
-def test_frozen_proxy_times_the_attempt_out_and_retries(proxy_process: Callable[..., ProxyProcess], tmp_path: Path) -> None:
+def test_frozen_proxy_times_the_attempt_out_and_retries(
+    proxy_process: Callable[..., ProxyProcess], tmp_path: Path
+) -> None:
     store = tmp_path / "store.sqlite"
     proxy = proxy_process(store, sampler="instant")
     proxy.process.send_signal(signal.SIGSTOP)  # up but never answering: a hung server
@@ -138,7 +146,9 @@ def test_a_locked_store_is_a_clear_503_and_nothing_half_written(proxy_server: An
         blocker.close()
     assert refused.status_code == 503, refused.text
     error = refused.json()["error"]
-    assert error["code"] == "store_unavailable" and "locked" in error["message"] and "busy_timeout_s" in error["message"]
+    assert (
+        error["code"] == "store_unavailable" and "locked" in error["message"] and "busy_timeout_s" in error["message"]
+    )
     assert openai_error_problem(httpx.Response(400, json=refused.json())) is None, "same shape as the 4xx errors"
     assert waited < 60
     assert query(proxy_server.store_path, "SELECT count(*) FROM llm_calls WHERE rollout_key = ?", rid) == [(0,)]
@@ -154,9 +164,11 @@ def test_an_agent_that_raises_is_retried_and_only_the_good_attempt_is_trained(pr
     async def agent(task: Any, endpoint: Any) -> float:
         tries[task] = tries.get(task, 0) + 1
         async with httpx.AsyncClient(timeout=120) as client:
-            response = await client.post(f"{endpoint.base_url}/chat/completions",
-                                         headers={"Authorization": f"Bearer {endpoint.api_key}"},
-                                         json={"model": "tiny", "messages": _user(f"[{endpoint.rollout_id}]"), "max_tokens": 2})
+            response = await client.post(
+                f"{endpoint.base_url}/chat/completions",
+                headers={"Authorization": f"Bearer {endpoint.api_key}"},
+                json={"model": "tiny", "messages": _user(f"[{endpoint.rollout_id}]"), "max_tokens": 2},
+            )
             response.raise_for_status()
         if tries[task] == 1:
             raise RuntimeError("the agent crashed after its call")
@@ -164,7 +176,8 @@ def test_an_agent_that_raises_is_retried_and_only_the_good_attempt_is_trained(pr
 
     config = RunnerConfig(concurrency=4, timeout_s=120, retry=RetryPolicy(max_attempts=2))
     outcomes, attempts, trajectories = asyncio.run(
-        _run(proxy_server.base_url, proxy_server.api_key, proxy_server.store_path, agent, config, ["a", "b"]))
+        _run(proxy_server.base_url, proxy_server.api_key, proxy_server.store_path, agent, config, ["a", "b"])
+    )
     assert [(o.status, o.attempts) for o in outcomes] == [(RolloutStatus.SUCCEEDED, 2)] * 2
     failed = [a for a in attempts if a.status is AttemptStatus.FAILED]
     assert len(failed) == 2 and all("crashed" in (a.error or "") for a in failed)
@@ -175,14 +188,18 @@ def test_an_agent_that_raises_is_retried_and_only_the_good_attempt_is_trained(pr
 def test_an_agent_that_hangs_times_out_per_attempt_and_is_never_trained(proxy_server: Any) -> None:
     async def agent(task: Any, endpoint: Any) -> float:
         async with httpx.AsyncClient(timeout=120) as client:
-            await client.post(f"{endpoint.base_url}/chat/completions", headers={"Authorization": f"Bearer {endpoint.api_key}"},
-                              json={"model": "tiny", "messages": _user("hi"), "max_tokens": 2})
+            await client.post(
+                f"{endpoint.base_url}/chat/completions",
+                headers={"Authorization": f"Bearer {endpoint.api_key}"},
+                json={"model": "tiny", "messages": _user("hi"), "max_tokens": 2},
+            )
         await asyncio.sleep(3600)
         return 1.0
 
     config = RunnerConfig(concurrency=2, timeout_s=1.0, retry=RetryPolicy(max_attempts=2))
     outcomes, attempts, trajectories = asyncio.run(
-        _run(proxy_server.base_url, proxy_server.api_key, proxy_server.store_path, agent, config, ["h"]))
+        _run(proxy_server.base_url, proxy_server.api_key, proxy_server.store_path, agent, config, ["h"])
+    )
     assert [(o.status, o.attempts) for o in outcomes] == [(RolloutStatus.TIMED_OUT, 2)]
     assert [a.status for a in attempts] == [AttemptStatus.TIMED_OUT] * 2
     assert trajectories == []

@@ -18,9 +18,17 @@ pytestmark = pytest.mark.slow
 
 
 def test_32_concurrent_rollouts_of_10_calls_lose_and_mix_nothing(proxy_server: Any) -> None:
-    report = asyncio.run(run_load(proxy_server.base_url, proxy_server.api_key, proxy_server.store_path, rollouts=32, calls=10))
+    report = asyncio.run(
+        run_load(proxy_server.base_url, proxy_server.api_key, proxy_server.store_path, rollouts=32, calls=10)
+    )
     summary = report.summary()
     print("load:", summary)
     assert summary["calls_stored"] == summary["calls_expected"] == 320, summary
-    assert (report.lost, report.misattributed, report.out_of_order, report.rollouts_failed, report.http_errors) == (0, 0, 0, 0, 0), summary
+    assert (report.lost, report.misattributed, report.out_of_order, report.rollouts_failed, report.http_errors) == (
+        0,
+        0,
+        0,
+        0,
+        0,
+    ), summary
     assert integrity(proxy_server.store_path) == "ok"

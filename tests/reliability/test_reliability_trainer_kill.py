@@ -24,14 +24,14 @@ from agl_bridge.train.grpo import TaskSchedule
 
 pytestmark = pytest.mark.slow
 
-TOY_AGENT = '''
+TOY_AGENT = """
 def toy_agent(task, endpoint):
     client = endpoint.openai_client()
     reply = client.chat.completions.create(
         model=endpoint.model, messages=[{"role": "user", "content": f"Write about {task}."}], max_tokens=8,
     )
     return float(len(reply.choices[0].message.content or "") % 5)
-'''
+"""
 TASKS = ["cats", "dogs", "rain", "music", "bread", "ships", "trees", "stars"]
 STEPS, BATCH, GROUP = 4, 3, 2
 
@@ -40,9 +40,17 @@ def _config(tmp_path: Path) -> Path:
     (tmp_path / "toy_agent.py").write_text(TOY_AGENT)
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
     config = {
-        "agent": f"{tmp_path / 'toy_agent.py'}:toy_agent", "tasks": "tasks.jsonl", "run_dir": str(tmp_path / "run"),
-        "steps": STEPS, "batch_size": BATCH, "group_size": GROUP, "checkpoint_every": 1, "eval_every": 100,
-        "learning_rate": 1e-3, "default_max_tokens": 8, "tensorboard": False,
+        "agent": f"{tmp_path / 'toy_agent.py'}:toy_agent",
+        "tasks": "tasks.jsonl",
+        "run_dir": str(tmp_path / "run"),
+        "steps": STEPS,
+        "batch_size": BATCH,
+        "group_size": GROUP,
+        "checkpoint_every": 1,
+        "eval_every": 100,
+        "learning_rate": 1e-3,
+        "default_max_tokens": 8,
+        "tensorboard": False,
     }
     path = tmp_path / "run.json"
     path.write_text(json.dumps(config))
@@ -51,8 +59,13 @@ def _config(tmp_path: Path) -> Path:
 
 def _train(config: Path, *extra: str, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config), *extra],
-                                stdout=out, stderr=out, env={**child_env(), "COLUMNS": "200"}, cwd=REPO)
+        return subprocess.Popen(
+            [sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config), *extra],
+            stdout=out,
+            stderr=out,
+            env={**child_env(), "COLUMNS": "200"},
+            cwd=REPO,
+        )
 
 
 def _rollouts_of_step(store: Path, step: int) -> int:
@@ -103,8 +116,11 @@ def test_trainer_killed_mid_step_resumes_without_repeating_or_skipping(tmp_path:
     assert not [r for r in rows if r[3] in ("running", "queued")], "the interrupted run's open rollouts are closed"
     for step in range(STEPS):
         trained_run = (lambda rowid: rowid <= killed_at) if step < next_step else (lambda rowid: rowid > killed_at)
-        trained = sorted(json.loads(task) for rowid, group, task, status in rows
-                         if group.startswith(f"s{step}-") and trained_run(rowid) and status == "succeeded")
+        trained = sorted(
+            json.loads(task)
+            for rowid, group, task, status in rows
+            if group.startswith(f"s{step}-") and trained_run(rowid) and status == "succeeded"
+        )
         assert trained == sorted(schedule.for_step(step) * GROUP), f"step {step + 1}"
     interrupted = [r for r in rows if r[0] <= killed_at and int(r[1][1:].split("-")[0]) >= next_step]
     assert all(r[3] in ("failed", "succeeded") for r in interrupted)

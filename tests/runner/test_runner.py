@@ -55,7 +55,7 @@ async def test_groups_endpoints_and_returned_rewards(store) -> None:
     assert [o.group_id for o in outcomes] == ["step7-0"] * 3 + ["step7-1"] * 3
     assert all(o.status is RolloutStatus.SUCCEEDED and o.attempts == 1 for o in outcomes)
     assert len({o.rollout_id for o in outcomes}) == 6
-    for task, endpoint in seen:
+    for _task, endpoint in seen:
         assert endpoint.base_url == f"{SERVER}/rollout/{endpoint.rollout_id}/attempt/{endpoint.attempt_id}/v1"
     first = outcomes[0]
     assert sorted(r[:2] for r in await _rewards(store, first.rollout_id)) == [("correct", 1.0), ("format", 0.5)]
@@ -152,7 +152,10 @@ def test_rewards_of() -> None:
 
 
 def test_reward_lines() -> None:
-    assert parse_reward_lines("hello\nagl-reward: 1.5\nagl-reward format: -1\nagl-reward: 2\n") == {"reward": 2.0, "format": -1.0}
+    assert parse_reward_lines("hello\nagl-reward: 1.5\nagl-reward format: -1\nagl-reward: 2\n") == {
+        "reward": 2.0,
+        "format": -1.0,
+    }
 
 
 async def test_agent_command_gets_its_environment_and_reports_rewards(store, tmp_path: Path) -> None:
@@ -160,7 +163,8 @@ async def test_agent_command_gets_its_environment_and_reports_rewards(store, tmp
     script.write_text(
         "import json, os\n"
         "task = json.loads(os.environ['AGL_TASK'])\n"
-        "assert os.environ['OPENAI_BASE_URL'].endswith(f\"/rollout/{os.environ['AGL_ROLLOUT_ID']}/attempt/{os.environ['AGL_ATTEMPT_ID']}/v1\")\n"
+        "route = f\"/rollout/{os.environ['AGL_ROLLOUT_ID']}/attempt/{os.environ['AGL_ATTEMPT_ID']}/v1\"\n"
+        "assert os.environ['OPENAI_BASE_URL'].endswith(route)\n"
         "assert os.environ['OPENAI_API_KEY'] == os.environ['AGL_API_KEY'] == 'sk-test'\n"
         "assert os.environ['AGL_ENDPOINT'] == 'http://127.0.0.1:9' and os.environ['AGL_MODEL'] == 'tiny'\n"
         "print('agl-reward:', task['n'] * 2)\n"
@@ -181,7 +185,13 @@ async def test_agent_command_failure_and_timeout(store, tmp_path: Path) -> None:
     assert "exited with status 3" in outcome.error and "oops" in outcome.error
 
     marker = tmp_path / "child-alive"
-    hanging = AgentCommand([sys.executable, "-c", f"import time, pathlib; time.sleep(0.5); pathlib.Path({str(marker)!r}).write_text('x'); time.sleep(60)"])
+    hanging = AgentCommand(
+        [
+            sys.executable,
+            "-c",
+            f"import time, pathlib; time.sleep(0.5); pathlib.Path({str(marker)!r}).write_text('x'); time.sleep(60)",
+        ]
+    )
     runner = _runner(hanging, store, timeout_s=0.2)
     (outcome,) = await runner.run(["t"])
     runner.close()

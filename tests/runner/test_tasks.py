@@ -15,7 +15,10 @@ def test_jsonl_csv_and_iterables(tmp_path: Path) -> None:
     assert load_tasks(jsonl) == [{"n": 1}, {"n": 2}, "plain"]
     csv_file = tmp_path / "tasks.csv"
     csv_file.write_text("secret,category\ncat,animals\npiano,instruments\n")
-    assert load_tasks(str(csv_file)) == [{"secret": "cat", "category": "animals"}, {"secret": "piano", "category": "instruments"}]
+    assert load_tasks(str(csv_file)) == [
+        {"secret": "cat", "category": "animals"},
+        {"secret": "piano", "category": "instruments"},
+    ]
     assert load_tasks(range(3)) == [0, 1, 2]
 
 

@@ -33,7 +33,14 @@ _SERVING = re.compile(r"serving '[^']+' \(.*\) at (?P<url>http://127\.0\.0\.1:\d
 def serve_env() -> dict[str, str]:
     """The test environment without keys a developer's shell may set; offline switches on."""
     env = dict(os.environ)
-    for name in ("AGL_API_KEY", "OPENAI_API_KEY", "AGL_SAMPLER_API_KEY", "AGL_ROLLOUT_ID", "AGL_ATTEMPT_ID", "AGL_ENDPOINT"):
+    for name in (
+        "AGL_API_KEY",
+        "OPENAI_API_KEY",
+        "AGL_SAMPLER_API_KEY",
+        "AGL_ROLLOUT_ID",
+        "AGL_ATTEMPT_ID",
+        "AGL_ENDPOINT",
+    ):
         env.pop(name, None)
     env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     return env
@@ -47,8 +54,24 @@ class ServeSubprocess:
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         self.process = subprocess.Popen(
-            [AGL_BRIDGE, "serve", "--model", str(model_dir), "--port", "0", "--store", str(store), "--api-key", KEY, *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=serve_env(), cwd=store.parent,
+            [
+                AGL_BRIDGE,
+                "serve",
+                "--model",
+                str(model_dir),
+                "--port",
+                "0",
+                "--store",
+                str(store),
+                "--api-key",
+                KEY,
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=serve_env(),
+            cwd=store.parent,
         )
         assert self.process.stderr is not None
         threading.Thread(target=lambda: [self.lines.put(line) for line in self.process.stderr], daemon=True).start()
@@ -124,7 +147,15 @@ class FakeServer:
         import uvicorn
 
         self.port = free_port()
-        config = uvicorn.Config(self._app, host="127.0.0.1", port=self.port, log_level="error", lifespan="off", interface="asgi3", timeout_graceful_shutdown=1)
+        config = uvicorn.Config(
+            self._app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="error",
+            lifespan="off",
+            interface="asgi3",
+            timeout_graceful_shutdown=1,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
@@ -156,13 +187,17 @@ class FakeServer:
         self.headers.append({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
         status, answer = await self._answer(scope["path"], request)
         payload = json.dumps(answer).encode()
-        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+        )
         await send({"type": "http.response.body", "body": payload})
 
     async def _answer(self, path: str, request: dict[str, Any]) -> tuple[int, Any]:
         if self.mode == "relay":
             async with httpx.AsyncClient(timeout=60) as client:
-                response = await client.post(f"{self.relay_to}{path}", json=request, headers={"Authorization": f"Bearer {self.relay_key}"})
+                response = await client.post(
+                    f"{self.relay_to}{path}", json=request, headers={"Authorization": f"Bearer {self.relay_key}"}
+                )
                 try:
                     return response.status_code, response.json()
                 except ValueError:
@@ -170,7 +205,9 @@ class FakeServer:
         if self.mode == "slow":
             await asyncio.sleep(self.delay_s)
         if self.mode == "error":
-            return 500, {"error": {"message": "the engine crashed", "type": "server_error", "param": None, "code": None}}
+            return 500, {
+                "error": {"message": "the engine crashed", "type": "server_error", "param": None, "code": None}
+            }
         if path.endswith("lora_adapter"):
             return 200, "ok"
         prompt = request["prompt"]
@@ -178,7 +215,9 @@ class FakeServer:
         for index in range(request.get("n", 1)):
             tokens = [prompt[-1], 1, 2][: request.get("max_tokens") or 3]
             choice: dict[str, Any] = {
-                "index": index, "text": "x", "finish_reason": "length",
+                "index": index,
+                "text": "x",
+                "finish_reason": "length",
                 "logprobs": {"tokens": ["x"] * len(tokens), "token_logprobs": [-0.25] * len(tokens)},
             }
             if self.mode != "no_ids":

@@ -97,7 +97,10 @@ def test_max_tokens_gives_length_stop(sampler: HFSampler) -> None:
 def test_seeded_requests_are_reproducible(sampler: HFSampler) -> None:
     prompt = _prompts(1, seed=8)[0]
     runs = {
-        seed: [sampler.sample(prompt, SamplingParams(max_tokens=32, stop=[], seed=seed)).sequences[0].tokens for _ in range(2)]
+        seed: [
+            sampler.sample(prompt, SamplingParams(max_tokens=32, stop=[], seed=seed)).sequences[0].tokens
+            for _ in range(2)
+        ]
         for seed in (1, 2, 3)
     }
     for first, second in runs.values():
@@ -258,7 +261,9 @@ async def test_top_logprobs_rank_the_scored_distribution(sampler: HFSampler) -> 
     sequence = sampler.sample(prompt, SamplingParams(max_tokens=6, stop=[], temperature=0)).sequences[0]
     top = await sampler.compute_top_logprobs_async(prompt + sequence.tokens, 3, start=len(prompt))
     assert len(top) == len(sequence.tokens)
-    for (best_token, best_logprob), token, logprob in zip((t[0] for t in top), sequence.tokens, sequence.logprobs):
+    for (best_token, best_logprob), token, logprob in zip(
+        (t[0] for t in top), sequence.tokens, sequence.logprobs, strict=False
+    ):
         assert best_token == token  # greedy picks the top-ranked token
         assert best_logprob == pytest.approx(logprob, abs=1e-4)
     assert all(t[0][1] >= t[1][1] >= t[2][1] for t in top)

@@ -33,8 +33,16 @@ def relays(remote_target):
 @pytest.fixture(scope="module")
 def front(relays, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     with serving(
-        tiny_model_dir, tmp_path_factory.mktemp("front") / "front.sqlite",
-        "--sampler", "remote", "--sampler-url", ",".join(r.url for r in relays), "--sampler-api-key", KEY, "--sampler-timeout", "20",
+        tiny_model_dir,
+        tmp_path_factory.mktemp("front") / "front.sqlite",
+        "--sampler",
+        "remote",
+        "--sampler-url",
+        ",".join(r.url for r in relays),
+        "--sampler-api-key",
+        KEY,
+        "--sampler-timeout",
+        "20",
     ) as server:
         yield server
 
@@ -58,17 +66,29 @@ def test_chat_through_the_front_gets_and_records_the_second_servers_exact_ids(fr
         relay.mode = "relay"
     rollout = f"ro-{uuid.uuid4().hex[:8]}"
     reply = _client(front, rollout).chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Say something."}], max_tokens=8, seed=7,
+        model="tiny",
+        messages=[{"role": "user", "content": "Say something."}],
+        max_tokens=8,
+        seed=7,
         extra_body={"return_token_ids": True},
     )
     prompt_ids = reply.model_extra["prompt_token_ids"]
     token_ids = reply.choices[0].model_extra["token_ids"]
     sent = [r for relay in relays for r in relay.requests if r.get("prompt") == prompt_ids]
     assert len(sent) == 1 and sent[0]["seed"] == 7 and sent[0]["return_token_ids"] is True
-    sent_headers = [h for relay in relays for r, h in zip(relay.requests, relay.headers) if r.get("prompt") == prompt_ids]
-    assert sent_headers[0].get(semconv.HEADER_RECORDED_UPSTREAM) == "1", "the front records the call, not the sampler server"
+    sent_headers = [
+        h
+        for relay in relays
+        for r, h in zip(relay.requests, relay.headers, strict=False)
+        if r.get("prompt") == prompt_ids
+    ]
+    assert sent_headers[0].get(semconv.HEADER_RECORDED_UPSTREAM) == "1", (
+        "the front records the call, not the sampler server"
+    )
     direct = httpx.post(
-        f"{remote_target.url}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+        f"{remote_target.url}/v1/completions",
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=60,
         json={k: v for k, v in sent[0].items() if k != "path"},
     ).json()["choices"][0]
     assert token_ids == direct["token_ids"]
@@ -85,7 +105,9 @@ def test_calls_of_one_rollout_stay_on_one_server_through_the_proxy(front, relays
     for rollout in rollouts:
         client = _client(front, rollout)
         for turn in range(2):
-            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"{rollout} turn {turn}"}], max_tokens=2)
+            client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": f"{rollout} turn {turn}"}], max_tokens=2
+            )
     homes: dict[str, set[int]] = {}
     for index, relay in enumerate(relays):
         for request in relay.requests:
@@ -103,7 +125,9 @@ def test_a_server_answering_without_ids_fails_the_call_and_records_nothing(front
     rollout = f"ro-noids-{uuid.uuid4().hex[:8]}"
     try:
         with pytest.raises(openai.APIStatusError) as caught:
-            _client(front, rollout).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+            _client(front, rollout).chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+            )
     finally:
         for relay in relays:
             relay.mode = "relay"

@@ -15,8 +15,14 @@ URL = "http://gpu-1:8000"
 
 
 def _answer(**choice: object) -> dict:
-    base = {"index": 0, "text": "", "token_ids": [7, 8], "prompt_token_ids": [1, 2],
-            "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, -1.5]}, "finish_reason": "stop"}
+    base = {
+        "index": 0,
+        "text": "",
+        "token_ids": [7, 8],
+        "prompt_token_ids": [1, 2],
+        "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, -1.5]},
+        "finish_reason": "stop",
+    }
     return {"choices": [{**base, **choice}]}
 
 
@@ -60,7 +66,11 @@ def test_an_answer_missing_what_we_train_on_is_refused_naming_it(change: dict, w
 def test_wrong_number_of_choices_and_prompt_logprobs() -> None:
     with pytest.raises(ServerFailure, match="1 choices for n=2"):
         parse_completion(URL, _answer(), [1, 2], 2, version=0)
-    answer = {"choices": [{"index": 0, "prompt_logprobs": [None, {"5": {"logprob": -0.25, "rank": 1}}, {"6": {"logprob": -2.0}}]}]}
+    answer = {
+        "choices": [
+            {"index": 0, "prompt_logprobs": [None, {"5": {"logprob": -0.25, "rank": 1}}, {"6": {"logprob": -2.0}}]}
+        ]
+    }
     assert parse_prompt_logprobs(URL, answer, [4, 5, 6]) == [None, -0.25, -2.0]
     with pytest.raises(ServerFailure, match="prompt_logprobs"):
         parse_prompt_logprobs(URL, answer, [4, 5, 7])

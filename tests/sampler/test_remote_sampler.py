@@ -28,7 +28,9 @@ def remote(remote_target) -> RemoteSampler:
 
 
 def _direct(target_url: str, body: dict) -> dict:
-    response = httpx.post(f"{target_url}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    response = httpx.post(
+        f"{target_url}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    )
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -37,10 +39,19 @@ def _direct(target_url: str, body: dict) -> dict:
 def test_ids_and_logprobs_are_exactly_what_the_server_returns(remote: RemoteSampler, remote_target) -> None:
     params = SamplingParams(max_tokens=12, temperature=1.0, seed=11, stop=[])
     result = remote.sample(PROMPT, params)
-    direct = _direct(remote_target.url, {
-        "model": "tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 1.0, "seed": 11, "ignore_eos": True,
-        "logprobs": 0, "return_token_ids": True,
-    })["choices"][0]
+    direct = _direct(
+        remote_target.url,
+        {
+            "model": "tiny",
+            "prompt": PROMPT,
+            "max_tokens": 12,
+            "temperature": 1.0,
+            "seed": 11,
+            "ignore_eos": True,
+            "logprobs": 0,
+            "return_token_ids": True,
+        },
+    )["choices"][0]
     (sequence,) = result.sequences
     assert result.prompt_tokens == PROMPT == direct["prompt_token_ids"]
     assert sequence.tokens == direct["token_ids"] and len(sequence.tokens) == 12
@@ -81,7 +92,7 @@ def test_compute_logprobs_scores_with_the_servers_model(remote: RemoteSampler) -
     sampled = remote.sample(PROMPT, SamplingParams(max_tokens=6, temperature=1.0, seed=2, stop=[])).sequences[0]
     scores = remote.compute_logprobs(PROMPT + sampled.tokens)
     assert scores[0] is None and len(scores) == len(PROMPT) + 6
-    assert scores[len(PROMPT):] == pytest.approx(sampled.logprobs, abs=1e-4)
+    assert scores[len(PROMPT) :] == pytest.approx(sampled.logprobs, abs=1e-4)
 
 
 @pytest.mark.slow
@@ -152,7 +163,9 @@ def test_every_server_down_is_an_error_naming_each(fakes: list[FakeServer]) -> N
 def test_a_slow_server_times_out_with_an_error_naming_it(fakes: list[FakeServer]) -> None:
     fakes[0].mode = "slow"
     with RemoteSampler([fakes[0].url], model="m", timeout_s=0.3) as sampler:
-        with pytest.raises(RemoteSamplerError, match=rf"{fakes[0].url}: no answer on /v1/completions within the timeout"):
+        with pytest.raises(
+            RemoteSamplerError, match=rf"{fakes[0].url}: no answer on /v1/completions within the timeout"
+        ):
             sampler.sample([1, 2], SamplingParams(max_tokens=2))
 
 
@@ -174,7 +187,9 @@ def test_a_bad_server_fails_over_to_a_good_one(fakes: list[FakeServer]) -> None:
     assert len(fakes[1].requests) == 6
 
 
-async def test_the_attempt_fails_and_nothing_is_recorded_without_ids(fakes: list[FakeServer], tiny_tokenizer, tmp_path: Path) -> None:
+async def test_the_attempt_fails_and_nothing_is_recorded_without_ids(
+    fakes: list[FakeServer], tiny_tokenizer, tmp_path: Path
+) -> None:
     from agl_bridge.chat import ChatCodec
     from agl_bridge.proxy.recording import CallRecorder
     from agl_bridge.proxy.service import ChatService, RolloutRoute
@@ -184,7 +199,9 @@ async def test_the_attempt_fails_and_nothing_is_recorded_without_ids(fakes: list
     sampler = RemoteSampler([fakes[0].url], model="tiny", vocab_size=len(tiny_tokenizer))
     try:
         async with SQLiteStore(tmp_path / "store.sqlite") as store:
-            service = ChatService(sampler=sampler, codec=ChatCodec(tiny_tokenizer), recorder=CallRecorder(store), model_name="tiny")
+            service = ChatService(
+                sampler=sampler, codec=ChatCodec(tiny_tokenizer), recorder=CallRecorder(store), model_name="tiny"
+            )
             request = service.parse_request({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
             with pytest.raises(RemoteSamplerError, match="token_ids"):
                 await service.complete(request, RolloutRoute("ro-bad", "at-1"))

@@ -41,9 +41,15 @@ def test_serve_vllm_without_vllm_or_a_gpu_says_what_to_install(tiny_model_dir: P
 
 
 def test_trainer_config_keys() -> None:
-    config = config_from_dict({"sampler": "remote", "sampler_urls": "http://a:8000, http://b:8000/v1", "adapter_dir": "/shared/adapters"})
+    config = config_from_dict(
+        {"sampler": "remote", "sampler_urls": "http://a:8000, http://b:8000/v1", "adapter_dir": "/shared/adapters"}
+    )
     spec = config.sampler_spec()
-    assert spec.kind == "remote" and spec.urls == ["http://a:8000", "http://b:8000/v1"] and spec.adapter_dir == "/shared/adapters"
+    assert (
+        spec.kind == "remote"
+        and spec.urls == ["http://a:8000", "http://b:8000/v1"]
+        and spec.adapter_dir == "/shared/adapters"
+    )
     assert config_from_dict({"run_dir": "/runs/x"}).sampler_spec().adapter_dir == "/runs/x/adapters"
     with pytest.raises(ConfigError, match="^sampler_urls: "):
         config_from_dict({"sampler": "remote"})

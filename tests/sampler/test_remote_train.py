@@ -14,7 +14,7 @@ from remote_helpers import KEY, serve_env, serving
 
 pytestmark = pytest.mark.slow
 
-AGENT = '''
+AGENT = """
 def agent(task, endpoint):
     client = endpoint.openai_client()
     reply = client.chat.completions.create(
@@ -23,7 +23,7 @@ def agent(task, endpoint):
     )
     ids = reply.choices[0].model_extra["token_ids"]
     return len(reply.choices[0].message.content or "") / max(1, len(ids))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -32,26 +32,46 @@ def train_target(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         yield server
 
 
-def test_grpo_with_a_remote_sampler_syncs_every_step_by_version(train_target, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_grpo_with_a_remote_sampler_syncs_every_step_by_version(
+    train_target, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     (tmp_path / "agent.py").write_text(AGENT)
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in ["cats", "dogs", "rain", "bread"]))
     config = {
-        "agent": f"{tmp_path / 'agent.py'}:agent", "tasks": "tasks.jsonl", "run_dir": str(tmp_path / "run"),
-        "model": str(tiny_model_dir), "steps": 2, "batch_size": 2, "group_size": 4, "learning_rate": 3e-3,
-        "aggregation": "token_mean", "default_max_tokens": 6, "tensorboard": False, "checkpoint_every": 2,
-        "sampler": "remote", "sampler_urls": [train_target.url], "sampler_api_key": KEY, "sampler_model": "tiny",
+        "agent": f"{tmp_path / 'agent.py'}:agent",
+        "tasks": "tasks.jsonl",
+        "run_dir": str(tmp_path / "run"),
+        "model": str(tiny_model_dir),
+        "steps": 2,
+        "batch_size": 2,
+        "group_size": 4,
+        "learning_rate": 3e-3,
+        "aggregation": "token_mean",
+        "default_max_tokens": 6,
+        "tensorboard": False,
+        "checkpoint_every": 2,
+        "sampler": "remote",
+        "sampler_urls": [train_target.url],
+        "sampler_api_key": KEY,
+        "sampler_model": "tiny",
         "adapter_dir": str(tmp_path / "adapters"),
     }
     (tmp_path / "run.json").write_text(json.dumps(config))
     result = subprocess.run(
         [sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(tmp_path / "run.json")],
-        capture_output=True, text=True, timeout=400, env={**serve_env(), "COLUMNS": "200"}, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**serve_env(), "COLUMNS": "200"},
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r.get("phase") == "train"]
     assert [r["policy_version"] for r in train] == [1, 2]
-    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["tiny-v2"], "older versions are unloaded and removed"
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["tiny-v2"], (
+        "older versions are unloaded and removed"
+    )
     with sqlite3.connect(tmp_path / "run" / "store.sqlite") as db:
         versions = {row[0] for row in db.execute("SELECT policy_version FROM llm_calls")}
     assert versions <= {0, 1} and 0 in versions, versions

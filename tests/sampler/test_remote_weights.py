@@ -73,7 +73,11 @@ def test_sync_loads_each_version_by_name_and_unloads_the_old(sync_target, tiny_m
         assert not (adapters / "tiny-v1").exists() and (adapters / "tiny-v2").is_dir()
         old = _post(sync_target.url, "/v1/completions", {"model": "tiny-v1", "prompt": PROMPT, "max_tokens": 2})
         assert old.status_code == 404 and "tiny-v1" in old.json()["error"]["message"]
-        current = _post(sync_target.url, "/v1/completions", {"model": "tiny-v2", "prompt": PROMPT, "max_tokens": 2, "return_token_ids": True})
+        current = _post(
+            sync_target.url,
+            "/v1/completions",
+            {"model": "tiny-v2", "prompt": PROMPT, "max_tokens": 2, "return_token_ids": True},
+        )
         assert current.status_code == 200 and current.json()["choices"][0]["token_policy_versions"] == [2, 2]
     finally:
         client.close()
@@ -85,7 +89,13 @@ def test_the_lora_routes_answer_like_vllm(sync_target, tmp_path: Path) -> None:
     assert missing.status_code == 400 and "adapter_config.json" in missing.json()["error"]["message"]
     assert missing.json()["error"]["param"] == "lora_path"
     unknown = _post(sync_target.url, "/v1/unload_lora_adapter", {"lora_name": "never-loaded"})
-    assert unknown.status_code == 404 and unknown.json()["error"]["message"] == "The lora adapter 'never-loaded' cannot be found."
+    assert (
+        unknown.status_code == 404
+        and unknown.json()["error"]["message"] == "The lora adapter 'never-loaded' cannot be found."
+    )
     no_name = _post(sync_target.url, "/v1/load_lora_adapter", {"lora_path": "/x"})
     assert no_name.status_code == 400 and no_name.json()["error"]["param"] == "lora_name"
-    assert _post(sync_target.url, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/x"}, key=None).status_code == 401
+    assert (
+        _post(sync_target.url, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/x"}, key=None).status_code
+        == 401
+    )

@@ -31,7 +31,7 @@ def test_without_vllm_or_a_gpu_the_error_says_what_to_install() -> None:
 def test_importing_the_package_does_not_import_vllm() -> None:
     import sys
 
-    import agl_bridge.sampler.factory  # noqa: F401
+    import agl_bridge.sampler.factory
     import agl_bridge.sampler.vllm  # noqa: F401
 
     assert "vllm" not in sys.modules or HAS_VLLM
@@ -49,7 +49,7 @@ def test_vllm_samples_exact_ids_with_raw_logprobs(tiny_model_dir, tiny_tokenizer
         assert result.prompt_tokens == prompt and len(result.sequences) == 2
         for sequence in result.sequences:
             assert len(sequence.tokens) == 8 and sequence.stop_reason == "length"
-            scores = sampler.compute_logprobs(prompt + sequence.tokens)[len(prompt):]
+            scores = sampler.compute_logprobs(prompt + sequence.tokens)[len(prompt) :]
             assert sequence.logprobs == pytest.approx(scores, abs=1e-2)
         again = sampler.sample(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=3, stop=[]), num_samples=2)
         assert [s.tokens for s in again.sequences] == [s.tokens for s in result.sequences]

@@ -162,7 +162,7 @@ async def test_order_is_rollout_attempt_then_sequence_with_rewards_interleaved(
     assert got[0].rollout_id is None and got[1].rollout_id is None  # records outside any rollout first
     # Within each (rollout, attempt) the sequence never goes down and the groups are contiguous.
     seen: list[tuple[str | None, str | None]] = []
-    for previous, record in zip(got, got[1:]):
+    for previous, record in zip(got, got[1:], strict=False):
         if (record.rollout_id, record.attempt_id) == (previous.rollout_id, previous.attempt_id):
             assert (record.sequence or 0) >= (previous.sequence or 0)
         else:

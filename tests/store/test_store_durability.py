@@ -61,9 +61,7 @@ async def test_awaited_writes_survive_a_process_crash(tmp_path: Path) -> None:
         asyncio.run(main())
         """
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "written", result.stderr
     assert os.path.exists(f"{path}-wal"), "expected the records to sit in the WAL, not checkpointed"
     async with SQLiteStore(path) as store:
@@ -122,9 +120,7 @@ async def test_full_disk_gives_a_clear_write_error_and_keeps_the_file_intact(
     assert count_rows(store_path) == stored
 
 
-async def test_close_commits_everything_already_submitted(
-    store_path: Path, make_call: Callable[..., LLMCall]
-) -> None:
+async def test_close_commits_everything_already_submitted(store_path: Path, make_call: Callable[..., LLMCall]) -> None:
     store = SQLiteStore(store_path)
     await store.open()
     writes = [asyncio.create_task(store.add_llm_call(make_call(attempt_id=f"at-{i}"))) for i in range(50)]

@@ -122,9 +122,7 @@ async def test_taken_sequence_slot_fails_only_its_own_record(
     assert stored == [(5, "a"), (6, "b"), (7, "d")]
 
 
-async def test_choices_of_one_request_share_a_sequence(
-    store: SQLiteStore, make_call: Callable[..., LLMCall]
-) -> None:
+async def test_choices_of_one_request_share_a_sequence(store: SQLiteStore, make_call: Callable[..., LLMCall]) -> None:
     sequence = await store.next_sequence("ro-1", "at-1")
     await store.add_llm_calls([make_call(sequence=sequence, choice_index=i) for i in (1, 0)])
     assert [(c.sequence, c.choice_index) for c in await collect(store.iter_llm_calls("ro-1"))] == [(0, 0), (0, 1)]
@@ -136,9 +134,7 @@ async def test_streams_in_sequence_order_across_pages(tmp_path: Path, make_call:
     random.Random(0).shuffle(shuffled)
     async with SQLiteStore(tmp_path / "s.db", read_page_size=3) as store:
         await store.add_llm_calls([make_call(rollout_id=r, attempt_id=a, sequence=s) for r, a, s in shuffled])
-        await store.add_rewards(
-            [Reward(rollout_id=r, attempt_id=a, sequence=100 + s, value=s) for r, a, s in shuffled]
-        )
+        await store.add_rewards([Reward(rollout_id=r, attempt_id=a, sequence=100 + s, value=s) for r, a, s in shuffled])
         calls = await collect(store.iter_llm_calls())
         assert [(c.rollout_id, c.attempt_id, c.sequence) for c in calls] == expected
         one_rollout = await collect(store.iter_llm_calls("ro-b"))

@@ -33,9 +33,7 @@ async def test_two_store_objects_on_one_file_never_hand_out_the_same_number(tmp_
     # Two store objects are two connections, as two processes would have.
     path = tmp_path / "shared.db"
     async with SQLiteStore(path) as first, SQLiteStore(path) as second:
-        numbers = await asyncio.gather(
-            *(s.next_sequence("ro-1", "at-1") for _ in range(50) for s in (first, second))
-        )
+        numbers = await asyncio.gather(*(s.next_sequence("ro-1", "at-1") for _ in range(50) for s in (first, second)))
     assert sorted(numbers) == list(range(100))
 
 

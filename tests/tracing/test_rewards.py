@@ -136,7 +136,7 @@ async def test_sync_emit_from_plain_threads_while_the_store_runs_in_the_loop(sto
         try:
             for step in range(5):
                 emit_reward(float(step), name=f"r{step}", rollout_id=f"ro-{index}", attempt_id="at-1")
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=agent, args=(i,)) for i in range(8)]

@@ -139,7 +139,9 @@ def test_saves_are_atomic_and_never_clobber_foreign_directories(make_client, tmp
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers deprecation inside peft loading
-def test_save_weights_for_sampler_writes_a_loadable_peft_adapter(make_client, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_save_weights_for_sampler_writes_a_loadable_peft_adapter(
+    make_client, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -147,7 +149,9 @@ def test_save_weights_for_sampler_writes_a_loadable_peft_adapter(make_client, ti
     data = rl_batch(client, count=2)
     _train(client, data, 1)
     client.save_weights_for_sampler(tmp_path / "adapter")
-    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / "adapter").eval()
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / "adapter"
+    ).eval()
     ids = torch.tensor([data[0].model_input])
     with torch.no_grad():
         expected = client.model(input_ids=ids).logits

@@ -54,7 +54,11 @@ def test_importance_sampling_gradient_equals_plain_autograd(make_client) -> None
     for datum in data:
         inputs = datum.loss_fn_inputs
         logits = client.model(input_ids=torch.tensor([datum.model_input])).logits[0]
-        lp = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(inputs["target_tokens"]).unsqueeze(1)).squeeze(1)
+        lp = (
+            torch.log_softmax(logits.float(), -1)
+            .gather(1, torch.tensor(inputs["target_tokens"]).unsqueeze(1))
+            .squeeze(1)
+        )
         w, s, a = (torch.tensor(inputs[k]) for k in ("weights", "logprobs", "advantages"))
         total = total - (w * torch.exp(lp - s) * a).sum()
     total.backward()
@@ -157,7 +161,9 @@ def test_custom_loss_matches_the_builtin_one(make_client) -> None:
     client.zero_grad()
 
     def my_cross_entropy(batch: list[Datum], logprobs: list[torch.Tensor]):
-        loss = sum(-(torch.tensor(d.loss_fn_inputs["weights"]) * lp).sum() for d, lp in zip(batch, logprobs, strict=True))
+        loss = sum(
+            -(torch.tensor(d.loss_fn_inputs["weights"]) * lp).sum() for d, lp in zip(batch, logprobs, strict=True)
+        )
         return loss, {"custom_metric": 3.0}
 
     custom = client.forward_backward_custom(data, my_cross_entropy)
@@ -224,8 +230,10 @@ def test_mixed_batches_fill_missing_optional_fields_per_datum(make_client) -> No
     assert together == pytest.approx(apart, rel=1e-5)
 
     # Gap statistics use only the datums that carry sampler logprobs.
-    plain = Datum(data[1].model_input, {"target_tokens": data[1].loss_fn_inputs["target_tokens"],
-                                         "weights": data[1].loss_fn_inputs["weights"]})
+    plain = Datum(
+        data[1].model_input,
+        {"target_tokens": data[1].loss_fn_inputs["target_tokens"], "weights": data[1].loss_fn_inputs["weights"]},
+    )
     both = client.forward([data[0], plain], "cross_entropy").metrics
     alone = client.forward([data[0]], "cross_entropy").metrics
     assert both["logprob_diff_abs_mean"] == pytest.approx(alone["logprob_diff_abs_mean"], rel=1e-6)

@@ -66,8 +66,11 @@ def _rl(n: int = 3, **overrides) -> Datum:
         (_rl(weights=[1.0, -1.0, 1.0]), "loss_fn_inputs['weights']", ">= 0"),
         (_rl(target_tokens=[2, 5000, 2]), "loss_fn_inputs['target_tokens']", "vocabulary 0..2047"),
         (_rl(advantage=[1.0, 1.0, 1.0]), "loss_fn_inputs['advantage']", "use forward_backward_custom"),
-        (Datum(model_input=[1, 2], loss_fn_inputs={"target_tokens": [2, 3], "logprobs": [-1.0, -1.0]}),
-         "loss_fn_inputs['advantages']", "is missing; this loss needs"),
+        (
+            Datum(model_input=[1, 2], loss_fn_inputs={"target_tokens": [2, 3], "logprobs": [-1.0, -1.0]}),
+            "loss_fn_inputs['advantages']",
+            "is missing; this loss needs",
+        ),
         (Datum(model_input=[], loss_fn_inputs={"target_tokens": []}), "model_input", "is empty"),
         (Datum(model_input=[1.5, 2.0], loss_fn_inputs={"target_tokens": [1, 2]}), "model_input", "integer token ids"),
     ],
@@ -112,7 +115,11 @@ def test_numpy_and_torch_inputs_are_accepted() -> None:
     assert datum.loss_fn_inputs["advantages"] == [0.5, 0.5]
     arrays = Datum(
         np.array([1, 2]),
-        {"target_tokens": torch.tensor([2, 3]), "logprobs": np.array([-1.0, -2.0]), "advantages": torch.tensor([1.0, 0.0])},
+        {
+            "target_tokens": torch.tensor([2, 3]),
+            "logprobs": np.array([-1.0, -2.0]),
+            "advantages": torch.tensor([1.0, 0.0]),
+        },
     )
     tensors = to_tensors(arrays, 0, required=RL_FIELDS, vocab_size=2048)
     assert tensors.fields["logprobs"].tolist() == [-1.0, -2.0]

@@ -20,7 +20,7 @@ from agl_bridge.train.grpo import TaskSchedule
 
 pytestmark = pytest.mark.slow
 
-TOY_AGENT = '''
+TOY_AGENT = """
 def toy_agent(task, endpoint):
     client = endpoint.openai_client()
     reply = client.chat.completions.create(
@@ -31,7 +31,7 @@ def toy_agent(task, endpoint):
     )
     ids = reply.choices[0].model_extra["token_ids"]
     return len(reply.choices[0].message.content or "") / max(1, len(ids))
-'''
+"""
 TASKS = ["cats", "dogs", "rain", "music", "bread", "ships", "trees", "stars"]
 
 
@@ -57,7 +57,9 @@ def _write_run(tmp_path: Path, **settings: object) -> Path:
 
 def _train(config: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config), *extra]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"}
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -105,7 +107,12 @@ def test_resume_continues_without_repeating_or_skipping_tasks(tmp_path: Path) ->
 
 def test_bad_config_is_one_clear_line(tmp_path: Path) -> None:
     config = _write_run(tmp_path, stepz=3)
-    result = subprocess.run([sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "unknown key 'stepz'" in result.stderr and "Traceback" not in result.stderr
 
@@ -114,14 +121,20 @@ def test_resume_with_another_model_is_refused_clearly(tmp_path: Path) -> None:
     config = _write_run(tmp_path, steps=1, checkpoint_every=1, eval_every=100, batch_size=2, group_size=2)
     _train(config)
     config.write_text(json.dumps({**json.loads(config.read_text()), "steps": 2, "lora_rank": 8}))
-    result = subprocess.run([sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config), "--resume"],
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        [sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "does not match" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_offline_training_from_a_store_and_from_an_export(tmp_path: Path) -> None:
-    online = _write_run(tmp_path, steps=2, eval_every=100, checkpoint_every=100, batch_size=3, group_size=3, max_staleness=1)
+    online = _write_run(
+        tmp_path, steps=2, eval_every=100, checkpoint_every=100, batch_size=3, group_size=3, max_staleness=1
+    )
     _train(online)
     store = tmp_path / "run" / "store.sqlite"
     with sqlite3.connect(store) as db:
@@ -132,13 +145,36 @@ def test_offline_training_from_a_store_and_from_an_export(tmp_path: Path) -> Non
     assert step_two_started < step_one_ended, "with max_staleness=1, step 2 is sampled while step 1 is still running"
     exported = tmp_path / "trajectories.jsonl"
     subprocess.run(
-        [sys.executable, "-m", "agl_bridge.cli", "export", "--store", str(store), "--what", "trajectories", "--out", str(exported)],
-        check=True, capture_output=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "agl_bridge.cli",
+            "export",
+            "--store",
+            str(store),
+            "--what",
+            "trajectories",
+            "--out",
+            str(exported),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
     for name, source in (("from_store", store), ("from_export", exported)):
         config = tmp_path / f"{name}.json"
-        config.write_text(json.dumps({"offline_data": str(source), "run_dir": str(tmp_path / name), "steps": 2,
-                                      "batch_size": 2, "tensorboard": False, "learning_rate": 1e-3}))
+        config.write_text(
+            json.dumps(
+                {
+                    "offline_data": str(source),
+                    "run_dir": str(tmp_path / name),
+                    "steps": 2,
+                    "batch_size": 2,
+                    "tensorboard": False,
+                    "learning_rate": 1e-3,
+                }
+            )
+        )
         _train(config)
         records = _train_records(tmp_path / name)
         assert [r["step"] for r in records] == [1, 2] and all(r["offline"] for r in records)

@@ -51,7 +51,9 @@ def test_unreadable_config_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_a_litellm_config_is_resolved_next_to_the_run_config_and_checked(tmp_path: Path) -> None:
-    (tmp_path / "judges.yaml").write_text("model_list:\n  - model_name: judge\n    litellm_params: {model: openai/judge}\n")
+    (tmp_path / "judges.yaml").write_text(
+        "model_list:\n  - model_name: judge\n    litellm_params: {model: openai/judge}\n"
+    )
     (tmp_path / "run.toml").write_text('agent = "a.py:f"\ntasks = "t.jsonl"\nlitellm_config = "judges.yaml"\n')
     assert load_config(tmp_path / "run.toml").litellm_config == str(tmp_path / "judges.yaml")
     (tmp_path / "broken.yaml").write_text("model_list: 3\n")
@@ -85,7 +87,12 @@ def _trajectory(rollout: str, group: str, reward: float, tokens: int = 6) -> Tra
 
 def test_advantages_are_centred_per_group_and_flat_groups_dropped() -> None:
     batch = group_advantages(
-        [_trajectory("r1", "g1", 1.0), _trajectory("r2", "g1", 0.0), _trajectory("r3", "g2", 0.5), _trajectory("r4", "g2", 0.5)]
+        [
+            _trajectory("r1", "g1", 1.0),
+            _trajectory("r2", "g1", 0.0),
+            _trajectory("r3", "g2", 0.5),
+            _trajectory("r4", "g2", 0.5),
+        ]
     )
     assert batch.groups == 2 and batch.groups_dropped_zero_variance == 1
     assert {t.rollout_id: a for t, a in batch.items} == {"r1": 0.5, "r2": -0.5}
@@ -93,7 +100,9 @@ def test_advantages_are_centred_per_group_and_flat_groups_dropped() -> None:
     assert [round(a, 4) for _, a in scaled.items] == [1.0, -1.0]
 
 
-@pytest.mark.parametrize(("aggregation", "scale"), [("token_sum", 1.0), ("token_mean", 1 / 5), ("sequence_mean", 1 / 10)])
+@pytest.mark.parametrize(
+    ("aggregation", "scale"), [("token_sum", 1.0), ("token_mean", 1 / 5), ("sequence_mean", 1 / 10)]
+)
 def test_datums_carry_scaled_advantages_on_sampled_tokens_only(aggregation: str, scale: float) -> None:
     items = [(_trajectory("r1", "g", 1.0, tokens=6), 0.5), (_trajectory("r2", "g", 0.0, tokens=5), -0.5)]
     datums = datums_for(items, aggregation)
@@ -111,7 +120,11 @@ def test_load_agent(tmp_path: Path) -> None:
     assert load_agent(f"{tmp_path / 'my_agent.py'}:run")(None, None) == 1.0
     assert load_agent("json:dumps") is json.dumps
     assert load_agent(["python", "agent.py"]).argv == ["python", "agent.py"]
-    for spec, message in (("nocolon", "must look like"), (f"{tmp_path / 'nope.py'}:run", "does not exist"), ("json:nothing", "no function")):
+    for spec, message in (
+        ("nocolon", "must look like"),
+        (f"{tmp_path / 'nope.py'}:run", "does not exist"),
+        ("json:nothing", "no function"),
+    ):
         with pytest.raises(ConfigError, match=message):
             load_agent(spec)
 
@@ -122,6 +135,6 @@ def test_sft_datum_trains_only_the_response(tiny_tokenizer) -> None:
     codec = ChatCodec(tiny_tokenizer)
     datum = sft_datum(codec, "Say you are 7.", "I'm 7.")
     weights = datum.loss_fn_inputs["weights"]
-    trained = [t for t, w in zip(datum.loss_fn_inputs["target_tokens"], weights) if w]
+    trained = [t for t, w in zip(datum.loss_fn_inputs["target_tokens"], weights, strict=False) if w]
     assert tiny_tokenizer.decode(trained) == "I'm 7.<|im_end|>"
     assert not math.isnan(sum(weights))

@@ -130,7 +130,9 @@ def test_kl_k3_values_and_penalty() -> None:
 
 def test_placeholder_logprobs_on_masked_tokens_never_make_nan() -> None:
     # A huge placeholder gap on a masked token would overflow exp() and give inf * 0 = NaN.
-    loss, grad, _ = _run("importance_sampling", [-1.0, -5.0], logprobs=[-1.0, -1e6], advantages=[1.0, 0.0], weights=[1.0, 0.0])
+    loss, grad, _ = _run(
+        "importance_sampling", [-1.0, -5.0], logprobs=[-1.0, -1e6], advantages=[1.0, 0.0], weights=[1.0, 0.0]
+    )
     assert loss == pytest.approx(-1.0)
     assert all(math.isfinite(g) for g in grad)
 

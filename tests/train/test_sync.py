@@ -16,7 +16,9 @@ from agl_bridge.sampler.hf import HFSampler
 from agl_bridge.train import AdamParams, Datum, SamplingClient
 
 
-def _sampled_batch(sampling: SamplingClient | HFSampler, prompts: list[list[int]], advantages: list[float]) -> list[Datum]:
+def _sampled_batch(
+    sampling: SamplingClient | HFSampler, prompts: list[list[int]], advantages: list[float]
+) -> list[Datum]:
     """Sample one completion per prompt at temperature 1 and turn each into an RL datum."""
     data = []
     for i, (prompt, advantage) in enumerate(zip(prompts, advantages, strict=True)):
@@ -27,7 +29,9 @@ def _sampled_batch(sampling: SamplingClient | HFSampler, prompts: list[list[int]
     return data
 
 
-def test_first_on_policy_step_has_ratio_one_and_no_truncation(make_client, tiny_model_dir: Path, tiny_tokenizer) -> None:
+def test_first_on_policy_step_has_ratio_one_and_no_truncation(
+    make_client, tiny_model_dir: Path, tiny_tokenizer
+) -> None:
     with HFSampler(load_causal_lm(tiny_model_dir), tiny_tokenizer, seed=0) as sampler:
         client = make_client(sampler=sampler)
         data = _sampled_batch(sampler, random_sequences(4, seed=3), [1.0, -1.0, 0.5, -0.5])
@@ -60,7 +64,9 @@ def test_sync_makes_the_sampler_score_like_the_trainer(make_client) -> None:
     assert result.sequences[0].token_policy_versions == [synced.weights_version] * 4
 
 
-def test_trained_unembedding_syncs_without_touching_the_input_embeddings(make_client, tiny_model_dir: Path, tiny_tokenizer) -> None:
+def test_trained_unembedding_syncs_without_touching_the_input_embeddings(
+    make_client, tiny_model_dir: Path, tiny_tokenizer
+) -> None:
     client = make_client(train_unembedding=True)
     data = rl_batch(client, count=2)
     client.forward_backward(data, "importance_sampling")

@@ -19,8 +19,14 @@ SPLIT_SEED = 17
 TEST_PER_CATEGORY = 5
 
 CATEGORIES = (
-    "animals", "celebrities", "fictional characters", "furniture",
-    "electronics", "instruments", "flowers", "stationery",
+    "animals",
+    "celebrities",
+    "fictional characters",
+    "furniture",
+    "electronics",
+    "instruments",
+    "flowers",
+    "stationery",
 )
 OBJECTS = ("furniture", "electronics", "instruments", "stationery")
 LIVING = ("animals", "celebrities", "flowers")
@@ -30,56 +36,236 @@ ALL = CATEGORIES
 APPLIES: dict[str, tuple[str, ...]] = {
     # what kind of thing
     "living": LIVING + OBJECTS,
-    "animal": ALL, "person": ALL, "plant": ALL, "fictional": ALL, "man_made": ALL,
-    "celebrity": ALL, "furniture": ALL, "electronic": ALL, "instrument": ALL, "flower": ALL, "stationery": ALL,
+    "animal": ALL,
+    "person": ALL,
+    "plant": ALL,
+    "fictional": ALL,
+    "man_made": ALL,
+    "celebrity": ALL,
+    "furniture": ALL,
+    "electronic": ALL,
+    "instrument": ALL,
+    "flower": ALL,
+    "stationery": ALL,
     # size
-    "handheld": ALL, "larger_than_human": ALL,
+    "handheld": ALL,
+    "larger_than_human": ALL,
     # colour (things whose colour is part of what they are)
-    **{c: ("animals", "flowers", "fictional characters") for c in (
-        "red", "yellow", "white", "pink", "purple", "blue", "orange", "black", "green", "brown", "gray")},
+    **{
+        c: ("animals", "flowers", "fictional characters")
+        for c in ("red", "yellow", "white", "pink", "purple", "blue", "orange", "black", "green", "brown", "gray")
+    },
     # material
     **{m: OBJECTS for m in ("wood", "metal", "plastic", "paper", "fabric", "rubber")},
     # animals
-    **{a: ("animals",) for a in (
-        "mammal", "bird", "fish", "reptile", "amphibian", "insect", "pet", "farm_animal", "wild", "lives_in_water",
-        "swims", "has_wings", "fur", "feathers", "scales", "shell", "four_legs", "six_legs", "no_legs",
-        "eats_meat", "herbivore", "stripes", "spots", "horns", "trunk", "long_neck", "nocturnal", "lays_eggs",
-        "venomous", "dangerous", "hops", "big_cat", "marsupial", "australia", "arctic", "ocean")},
+    **{
+        a: ("animals",)
+        for a in (
+            "mammal",
+            "bird",
+            "fish",
+            "reptile",
+            "amphibian",
+            "insect",
+            "pet",
+            "farm_animal",
+            "wild",
+            "lives_in_water",
+            "swims",
+            "has_wings",
+            "fur",
+            "feathers",
+            "scales",
+            "shell",
+            "four_legs",
+            "six_legs",
+            "no_legs",
+            "eats_meat",
+            "herbivore",
+            "stripes",
+            "spots",
+            "horns",
+            "trunk",
+            "long_neck",
+            "nocturnal",
+            "lays_eggs",
+            "venomous",
+            "dangerous",
+            "hops",
+            "big_cat",
+            "marsupial",
+            "australia",
+            "arctic",
+            "ocean",
+        )
+    },
     # people
-    **{a: ("celebrities",) for a in (
-        "alive", "actor", "singer", "athlete", "politician", "president", "scientist", "artist", "writer",
-        "business", "american", "europe", "south_america",
-        "born_before_1950", "nobel_prize", "oscar", "olympic_medal", "soccer", "basketball", "tennis", "runner")},
-    "male": ("celebrities", "fictional characters"), "female": ("celebrities", "fictional characters"),
-    "royalty": ("celebrities", "fictional characters"), "british": ("celebrities", "fictional characters"),
-    "can_fly": ("animals", "fictional characters", "electronics"), "africa": ("animals", "celebrities"),
-    "asia": ("animals", "celebrities"), "kitchen": ("furniture", "electronics"),
-    "office": ("furniture", "stationery"), "school": ("stationery",),
+    **{
+        a: ("celebrities",)
+        for a in (
+            "alive",
+            "actor",
+            "singer",
+            "athlete",
+            "politician",
+            "president",
+            "scientist",
+            "artist",
+            "writer",
+            "business",
+            "american",
+            "europe",
+            "south_america",
+            "born_before_1950",
+            "nobel_prize",
+            "oscar",
+            "olympic_medal",
+            "soccer",
+            "basketball",
+            "tennis",
+            "runner",
+        )
+    },
+    "male": ("celebrities", "fictional characters"),
+    "female": ("celebrities", "fictional characters"),
+    "royalty": ("celebrities", "fictional characters"),
+    "british": ("celebrities", "fictional characters"),
+    "can_fly": ("animals", "fictional characters", "electronics"),
+    "africa": ("animals", "celebrities"),
+    "asia": ("animals", "celebrities"),
+    "kitchen": ("furniture", "electronics"),
+    "office": ("furniture", "stationery"),
+    "school": ("stationery",),
     # fictional characters
-    **{a: ("fictional characters",) for a in (
-        "superhero", "superpowers", "villain", "magic", "from_book", "from_comics", "in_movies", "animated",
-        "video_game", "disney", "marvel", "dc", "star_wars", "wears_cape", "wizard")},
+    **{
+        a: ("fictional characters",)
+        for a in (
+            "superhero",
+            "superpowers",
+            "villain",
+            "magic",
+            "from_book",
+            "from_comics",
+            "in_movies",
+            "animated",
+            "video_game",
+            "disney",
+            "marvel",
+            "dc",
+            "star_wars",
+            "wears_cape",
+            "wizard",
+        )
+    },
     # furniture
-    **{a: ("furniture",) for a in (
-        "for_sitting", "for_sleeping", "for_storage", "has_drawers", "has_doors", "has_legs", "cushioned",
-        "has_wheels", "rocks_or_swings", "for_babies", "bedroom", "living_room", "dining_room", "outdoor",
-        "flat_top", "holds_books", "hangs_clothes")},
+    **{
+        a: ("furniture",)
+        for a in (
+            "for_sitting",
+            "for_sleeping",
+            "for_storage",
+            "has_drawers",
+            "has_doors",
+            "has_legs",
+            "cushioned",
+            "has_wheels",
+            "rocks_or_swings",
+            "for_babies",
+            "bedroom",
+            "living_room",
+            "dining_room",
+            "outdoor",
+            "flat_top",
+            "holds_books",
+            "hangs_clothes",
+        )
+    },
     # electronics
-    **{a: ("electronics",) for a in (
-        "has_screen", "battery", "internet", "makes_calls", "plays_sound", "takes_photos", "gaming",
-        "has_keys", "wearable", "cleaning", "large_appliance", "computer", "heats", "cools", "computer_accessory", "personal_care", "bathroom", "has_motor")},
+    **{
+        a: ("electronics",)
+        for a in (
+            "has_screen",
+            "battery",
+            "internet",
+            "makes_calls",
+            "plays_sound",
+            "takes_photos",
+            "gaming",
+            "has_keys",
+            "wearable",
+            "cleaning",
+            "large_appliance",
+            "computer",
+            "heats",
+            "cools",
+            "computer_accessory",
+            "personal_care",
+            "bathroom",
+            "has_motor",
+        )
+    },
     # instruments
-    **{a: ("instruments",) for a in (
-        "strings", "woodwind", "brass", "percussion", "keyboard_instrument", "bowed", "plucked", "electric_instrument",
-        "blown", "reed", "orchestra", "struck", "pedals", "six_strings", "four_strings", "bellows")},
+    **{
+        a: ("instruments",)
+        for a in (
+            "strings",
+            "woodwind",
+            "brass",
+            "percussion",
+            "keyboard_instrument",
+            "bowed",
+            "plucked",
+            "electric_instrument",
+            "blown",
+            "reed",
+            "orchestra",
+            "struck",
+            "pedals",
+            "six_strings",
+            "four_strings",
+            "bellows",
+        )
+    },
     # flowers
-    **{a: ("flowers",) for a in (
-        "fragrant", "grows_on_tree", "shrub", "bulb", "grows_in_water", "thorns", "tropical", "weed",
-        "symbol_of_love", "christmas", "japan", "netherlands", "large_flower", "spring", "tea")},
+    **{
+        a: ("flowers",)
+        for a in (
+            "fragrant",
+            "grows_on_tree",
+            "shrub",
+            "bulb",
+            "grows_in_water",
+            "thorns",
+            "tropical",
+            "weed",
+            "symbol_of_love",
+            "christmas",
+            "japan",
+            "netherlands",
+            "large_flower",
+            "spring",
+            "tea",
+        )
+    },
     # stationery
-    **{a: ("stationery",) for a in (
-        "for_writing", "for_drawing", "uses_ink", "erasable", "cuts", "sharp", "holds_paper", "measures",
-        "sticky", "has_cap", "geometry", "mail", "has_moving_parts")},
+    **{
+        a: ("stationery",)
+        for a in (
+            "for_writing",
+            "for_drawing",
+            "uses_ink",
+            "erasable",
+            "cuts",
+            "sharp",
+            "holds_paper",
+            "measures",
+            "sticky",
+            "has_cap",
+            "geometry",
+            "mail",
+            "has_moving_parts",
+        )
+    },
 }
 
 ANIMALS = {
@@ -93,7 +279,10 @@ ANIMALS = {
     "elephant": ("", "mammal wild four_legs herbivore trunk africa asia swims larger_than_human gray"),
     "giraffe": ("", "mammal wild four_legs herbivore long_neck spots horns africa larger_than_human yellow brown"),
     "lion": ("", "mammal wild fur four_legs eats_meat big_cat africa dangerous larger_than_human yellow brown"),
-    "tiger": ("", "mammal wild fur four_legs eats_meat big_cat stripes asia swims dangerous larger_than_human orange black white"),
+    "tiger": (
+        "",
+        "mammal wild fur four_legs eats_meat big_cat stripes asia swims dangerous larger_than_human orange black white",
+    ),
     "zebra": ("", "mammal wild fur four_legs herbivore stripes africa larger_than_human black white"),
     "kangaroo": ("", "mammal wild fur herbivore hops marsupial australia brown"),
     "penguin": ("", "bird wild feathers has_wings lays_eggs eats_meat swims lives_in_water ocean black white"),
@@ -103,9 +292,16 @@ ANIMALS = {
     "owl": ("", "bird wild feathers has_wings can_fly lays_eggs eats_meat nocturnal brown white"),
     "frog": ("", "amphibian wild four_legs lays_eggs eats_meat swims lives_in_water hops handheld green"),
     "snake": ("serpent", "reptile wild scales no_legs lays_eggs eats_meat venomous dangerous green brown"),
-    "crocodile": ("croc", "reptile wild scales four_legs lays_eggs eats_meat swims lives_in_water dangerous africa asia australia larger_than_human green"),
+    "crocodile": (
+        "croc",
+        "reptile wild scales four_legs lays_eggs eats_meat swims lives_in_water dangerous africa asia australia "
+        "larger_than_human green",
+    ),
     "turtle": ("tortoise", "reptile wild scales shell four_legs lays_eggs swims lives_in_water green brown"),
-    "bee": ("honeybee|honey bee|bumblebee", "insect has_wings can_fly six_legs lays_eggs herbivore venomous stripes handheld yellow black"),
+    "bee": (
+        "honeybee|honey bee|bumblebee",
+        "insect has_wings can_fly six_legs lays_eggs herbivore venomous stripes handheld yellow black",
+    ),
     "butterfly": ("", "insect wild has_wings can_fly six_legs lays_eggs herbivore handheld orange yellow blue white"),
     "polar bear": ("", "mammal wild fur four_legs eats_meat swims arctic dangerous larger_than_human white"),
 }
@@ -145,9 +341,15 @@ FICTIONAL = {
     "James Bond": ("007", "person male from_book in_movies british"),
     "Mickey Mouse": ("mickey", "animal male animated disney in_movies black"),
     "Winnie the Pooh": ("pooh|pooh bear", "animal male from_book animated disney in_movies british yellow"),
-    "Superman": ("clark kent", "person male superhero superpowers from_comics dc in_movies wears_cape can_fly blue red"),
+    "Superman": (
+        "clark kent",
+        "person male superhero superpowers from_comics dc in_movies wears_cape can_fly blue red",
+    ),
     "Batman": ("bruce wayne", "person male superhero from_comics dc in_movies wears_cape black"),
-    "Spider-Man": ("spiderman|spider man|peter parker", "person male superhero superpowers from_comics marvel in_movies red blue"),
+    "Spider-Man": (
+        "spiderman|spider man|peter parker",
+        "person male superhero superpowers from_comics marvel in_movies red blue",
+    ),
     "Wonder Woman": ("diana prince", "person female superhero superpowers from_comics dc in_movies royalty"),
     "Darth Vader": ("vader|anakin skywalker", "person male villain in_movies star_wars wears_cape black"),
     "Yoda": ("", "male in_movies star_wars green"),
@@ -195,8 +397,14 @@ FURNITURE = {
 }
 
 ELECTRONICS = {
-    "smartphone": ("phone|cell phone|mobile phone|iphone", "has_screen battery internet makes_calls plays_sound takes_photos gaming computer handheld plastic metal"),
-    "laptop": ("notebook computer|laptop computer", "has_screen battery internet has_keys computer gaming plays_sound plastic metal"),
+    "smartphone": (
+        "phone|cell phone|mobile phone|iphone",
+        "has_screen battery internet makes_calls plays_sound takes_photos gaming computer handheld plastic metal",
+    ),
+    "laptop": (
+        "notebook computer|laptop computer",
+        "has_screen battery internet has_keys computer gaming plays_sound plastic metal",
+    ),
     "television": ("tv|tv set", "has_screen internet plays_sound plastic"),
     "tablet": ("ipad", "has_screen battery internet plays_sound takes_photos gaming computer plastic metal"),
     "smartwatch": ("smart watch|apple watch", "has_screen battery internet wearable handheld plastic metal"),
@@ -228,7 +436,10 @@ INSTRUMENTS = {
     "electric guitar": ("", "strings plucked six_strings electric_instrument wood"),
     "violin": ("fiddle", "strings bowed four_strings orchestra wood"),
     "cello": ("violoncello", "strings bowed four_strings orchestra wood"),
-    "double bass": ("upright bass|contrabass|string bass", "strings bowed plucked four_strings orchestra wood larger_than_human"),
+    "double bass": (
+        "upright bass|contrabass|string bass",
+        "strings bowed plucked four_strings orchestra wood larger_than_human",
+    ),
     "harp": ("", "strings plucked pedals orchestra wood larger_than_human"),
     "drum kit": ("drums|drum set|drum", "percussion struck pedals wood metal"),
     "flute": ("", "woodwind blown orchestra metal"),
@@ -290,7 +501,10 @@ STATIONERY = {
     "scissors": ("pair of scissors", "office cuts sharp has_moving_parts school metal plastic handheld"),
     "glue stick": ("glue", "office sticky school has_cap plastic handheld"),
     "highlighter": ("highlighter pen", "office uses_ink has_cap plastic handheld"),
-    "marker": ("felt-tip pen|felt tip pen|marker pen", "office for_writing for_drawing uses_ink has_cap school plastic handheld"),
+    "marker": (
+        "felt-tip pen|felt tip pen|marker pen",
+        "office for_writing for_drawing uses_ink has_cap school plastic handheld",
+    ),
     "envelope": ("", "office mail paper handheld"),
     "sticky note": ("post-it|post-it note|sticky notes", "office sticky paper handheld"),
     "adhesive tape": ("tape|sticky tape|scotch tape", "office sticky holds_paper plastic handheld"),
@@ -300,15 +514,24 @@ STATIONERY = {
     "folder": ("file folder", "office holds_paper paper"),
     "thumbtack": ("drawing pin|push pin|pushpin", "office sharp holds_paper metal handheld"),
     "rubber band": ("elastic band", "office holds_paper rubber handheld"),
-    "compass": ("drawing compass|pair of compasses", "for_drawing geometry sharp has_moving_parts school metal handheld"),
+    "compass": (
+        "drawing compass|pair of compasses",
+        "for_drawing geometry sharp has_moving_parts school metal handheld",
+    ),
     "protractor": ("", "measures geometry school plastic handheld"),
     "hole punch": ("paper punch|hole puncher", "office cuts has_moving_parts metal"),
     "clipboard": ("", "office holds_paper has_moving_parts wood metal"),
 }
 
 BY_CATEGORY = {
-    "animals": ANIMALS, "celebrities": CELEBRITIES, "fictional characters": FICTIONAL, "furniture": FURNITURE,
-    "electronics": ELECTRONICS, "instruments": INSTRUMENTS, "flowers": FLOWERS, "stationery": STATIONERY,
+    "animals": ANIMALS,
+    "celebrities": CELEBRITIES,
+    "fictional characters": FICTIONAL,
+    "furniture": FURNITURE,
+    "electronics": ELECTRONICS,
+    "instruments": INSTRUMENTS,
+    "flowers": FLOWERS,
+    "stationery": STATIONERY,
 }
 
 # Facts that follow from the category alone (the per-entity tags above may add to them).
@@ -361,8 +584,9 @@ def main(out_dir: Path = HERE) -> None:
             unknown = facts - set(attributes)
             if unknown:
                 raise SystemExit(f"{name}: unknown attributes {sorted(unknown)}")
-            entity_rows.append({"name": name, "category": category, "split": "test" if name in test else "train",
-                                "aliases": aliases})
+            entity_rows.append(
+                {"name": name, "category": category, "split": "test" if name in test else "train", "aliases": aliases}
+            )
             attribute_rows.append({"name": name, **{a: value(a, category, facts) for a in attributes}})
     with (out_dir / "entities.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=["name", "category", "split", "aliases"])

@@ -40,7 +40,8 @@ class PlayerSettings:
 
     @classmethod
     def from_env(cls) -> PlayerSettings:
-        """TWENTYQ_MAX_TOKENS / TWENTYQ_TEMPERATURE / TWENTYQ_SEARCH (1 gives the player the tool) / TWENTYQ_MAX_TURNS."""
+        """TWENTYQ_MAX_TOKENS / TWENTYQ_TEMPERATURE / TWENTYQ_SEARCH (1 gives the player the tool) /
+        TWENTYQ_MAX_TURNS."""
         env = os.environ
         return cls(
             max_tokens=int(env.get("TWENTYQ_MAX_TOKENS") or cls.max_tokens),
@@ -77,8 +78,14 @@ def task_fields(task: Any) -> tuple[str, str]:
     return secret, category
 
 
-def play_game(task: Any, endpoint: Any, *, settings: PlayerSettings | None = None,
-              answerer: AnswererConfig | None = None, player: Any = None) -> GameState:
+def play_game(
+    task: Any,
+    endpoint: Any,
+    *,
+    settings: PlayerSettings | None = None,
+    answerer: AnswererConfig | None = None,
+    player: Any = None,
+) -> GameState:
     """Play one game and return its final state; `player` overrides the player's LLM (tests).
 
     settings: default `PlayerSettings.from_env()`; answerer: default `AnswererConfig.from_env()`.

@@ -22,7 +22,9 @@ class AnswererResponse(BaseModel):
     """The answerer's structured output (the same shape a hosted model is asked for)."""
 
     brief_reason: str = Field(default="", description="One short sentence saying why; never reveal the secret.")
-    yes_or_no: Literal["yes", "no", "n/a"] = Field(description="yes, no, or n/a when the question does not apply or is unclear.")
+    yes_or_no: Literal["yes", "no", "n/a"] = Field(
+        description="yes, no, or n/a when the question does not apply or is unclear."
+    )
     correct: bool = Field(default=False, description="True only when the question names the secret (a correct guess).")
 
 
@@ -67,5 +69,7 @@ class DeterministicAnswerer:
                     continue
                 if negated:
                     value = "no" if value == "yes" else "yes"
-                return AnswererResponse(brief_reason=f"Looked up {attribute.lstrip('!').replace('_', ' ')!r}.", yes_or_no=value)
+                return AnswererResponse(
+                    brief_reason=f"Looked up {attribute.lstrip('!').replace('_', ' ')!r}.", yes_or_no=value
+                )
         return AnswererResponse(brief_reason="The question does not apply or is unclear.", yes_or_no="n/a")

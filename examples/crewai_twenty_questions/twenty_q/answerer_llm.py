@@ -57,8 +57,16 @@ class OfflineAnswererLLM(BaseLLM):
         self.answerer = answerer or DeterministicAnswerer()
         self.calls = 0
 
-    def call(self, messages: Any, tools: Any = None, callbacks: Any = None, available_functions: Any = None,
-             from_task: Any = None, from_agent: Any = None, response_model: Any = None) -> str:
+    def call(
+        self,
+        messages: Any,
+        tools: Any = None,
+        callbacks: Any = None,
+        available_functions: Any = None,
+        from_task: Any = None,
+        from_agent: Any = None,
+        response_model: Any = None,
+    ) -> str:
         """Read "Secret: ..." and "Question: ..." from the prompt and answer them as JSON."""
         self.calls += 1
         text = messages if isinstance(messages, str) else "\n".join(str(m.get("content") or "") for m in messages)
@@ -89,12 +97,16 @@ def make_answerer_llm(config: AnswererConfig, endpoint: Any | None = None) -> Ba
         if endpoint is None:
             logger.warning("answerer %r is configured via the proxy, but this game has no proxy endpoint", config.model)
             return None
-        return LLM(model=f"openai/{config.model}", base_url=endpoint.base_url, api_key=endpoint.api_key, temperature=0.0)
+        return LLM(
+            model=f"openai/{config.model}", base_url=endpoint.base_url, api_key=endpoint.api_key, temperature=0.0
+        )
     key = config.api_key
     if key is None and config.model.startswith("openai/") and config.base_url is None:
         key = os.environ.get("OPENAI_API_KEY")
         if not key:
-            logger.warning("answerer %r needs OPENAI_API_KEY (or TWENTYQ_ANSWERER_API_KEY); questions get n/a", config.model)
+            logger.warning(
+                "answerer %r needs OPENAI_API_KEY (or TWENTYQ_ANSWERER_API_KEY); questions get n/a", config.model
+            )
             return None
     try:
         return LLM(model=config.model, base_url=config.base_url, api_key=key, temperature=0.0)

@@ -19,8 +19,14 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 ENTITIES_CSV = DATA_DIR / "entities.csv"
 ATTRIBUTES_CSV = DATA_DIR / "attributes.csv"
 CATEGORIES = (
-    "animals", "celebrities", "fictional characters", "furniture",
-    "electronics", "instruments", "flowers", "stationery",
+    "animals",
+    "celebrities",
+    "fictional characters",
+    "furniture",
+    "electronics",
+    "instruments",
+    "flowers",
+    "stationery",
 )
 SPLITS = ("train", "test")
 VALUES = ("yes", "no", "n/a")
@@ -93,8 +99,7 @@ def _rows(path: Path, required: tuple[str, ...]) -> tuple[list[str], list[tuple[
 def parse_entity(row: dict[str, str | None], where: str) -> Entity | None:
     """An Entity from one CSV row, or None (with a warning naming `where`) if the row is malformed."""
     if None in row or any(value is None for value in row.values()):
-        logger.warning("%s: skipped: the row has %s fields than the header", where,
-                       "more" if None in row else "fewer")
+        logger.warning("%s: skipped: the row has %s fields than the header", where, "more" if None in row else "fewer")
         return None
     name = (row.get("name") or "").strip()
     category = (row.get("category") or "").strip()
@@ -145,8 +150,11 @@ def load_attributes(path: str | Path = ATTRIBUTES_CSV) -> tuple[tuple[str, ...],
         entity = (row.get("name") or "").strip()
         bad = sorted(a for a in names if (row[a] or "").strip() not in VALUES)
         if not entity or bad:
-            logger.warning("%s: skipped: %s", where,
-                           "empty name" if not entity else f"{bad[0]}={row[bad[0]]!r} is not yes, no or n/a")
+            logger.warning(
+                "%s: skipped: %s",
+                where,
+                "empty name" if not entity else f"{bad[0]}={row[bad[0]]!r} is not yes, no or n/a",
+            )
             continue
         table[entity.lower()] = {a: row[a].strip() for a in names}
     return names, table
@@ -158,7 +166,9 @@ def load_table(entities_csv: str | Path = ENTITIES_CSV, attributes_csv: str | Pa
     entities = []
     for entity in load_entities(entities_csv):
         if entity.name.lower() not in attributes:
-            logger.warning("%s: skipped %r: no row in %s", Path(entities_csv).name, entity.name, Path(attributes_csv).name)
+            logger.warning(
+                "%s: skipped %r: no row in %s", Path(entities_csv).name, entity.name, Path(attributes_csv).name
+            )
             continue
         entities.append(entity)
     return EntityTable(entities, attributes, names)

@@ -51,8 +51,16 @@ Question: {question}"""
 class TwentyQuestionsFlow(Flow[GameState]):
     """One game of Twenty Questions between a player LLM and an answerer LLM."""
 
-    def __init__(self, player_llm: Any, answerer_llm: Any | None, *, use_search: bool = True,
-                 player_max_iter: int = 3, quiet: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        player_llm: Any,
+        answerer_llm: Any | None,
+        *,
+        use_search: bool = True,
+        player_max_iter: int = 3,
+        quiet: bool = True,
+        **kwargs: Any,
+    ) -> None:
         self.player_llm = player_llm
         self.answerer_llm = answerer_llm
         self.search_tool = EncyclopediaSearchTool() if use_search else None

@@ -18,7 +18,7 @@ Ask one yes/no question per turn, ending with "?"."""
 def opening_message(category: str, max_turns: int) -> str:
     """The first user message of a game."""
     return (
-        f"Twenty Questions: I am thinking of something in the category \"{category}\". You have {max_turns} "
+        f'Twenty Questions: I am thinking of something in the category "{category}". You have {max_turns} '
         f"yes/no questions; I answer yes, no or n/a.\n{STRATEGY_GUIDE}\nYour first question?"
     )
 

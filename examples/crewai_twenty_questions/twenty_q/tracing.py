@@ -79,7 +79,9 @@ def _stop_agentops_cloud_export() -> None:
     provider = trace.get_tracer_provider()
     processors = getattr(getattr(provider, "_active_span_processor", None), "_span_processors", ())
     for processor in processors:
-        exporter = getattr(processor, "span_exporter", None) or getattr(getattr(processor, "_batch_processor", None), "_exporter", None)
+        exporter = getattr(processor, "span_exporter", None) or getattr(
+            getattr(processor, "_batch_processor", None), "_exporter", None
+        )
         if type(exporter).__module__.startswith("agentops"):
             processor.shutdown()
         elif type(processor).__name__ == "InternalSpanProcessor":
