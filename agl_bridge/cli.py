@@ -402,8 +402,8 @@ def export_command(
     else:
         try:
             options = ConvertOptions(
-                models=model or None,
-                agent_names=agent or None,
+                models=frozenset(model) if model else None,
+                agent_names=frozenset(agent) if agent else None,
                 reward_weights=_reward_weights(reward_weight),
                 missing_reward=missing_reward,  # type: ignore[arg-type]  # validated by ConvertOptions
             )

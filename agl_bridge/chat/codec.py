@@ -214,6 +214,7 @@ class ChatCodec:
         entries = token_cache.entries() if token_cache is not None else []
         if not entries:
             return PromptEncoding(token_ids=self._tokenize(text), text=text)
+        assert token_cache is not None  # entries are only non-empty with a cache
         return self._encode_with_cache(text, msgs, template_msgs, tools_, kwargs, token_cache, entries)
 
     def _encode_with_cache(
@@ -244,6 +245,7 @@ class ChatCodec:
                     kind, reason = failure or _rendered_differently(ours.text, text[start:])
                     breaks.append(PrefixBreak(message_index=i, kind=kind, reason=reason))
                 continue
+            assert start is not None  # candidates are only found at a known start
             piece = self._tokenize(text[cursor:start])
             chosen = self._choose(candidates, ids, piece)
             ids.extend(piece)
@@ -273,7 +275,7 @@ class ChatCodec:
         for entry in entries:
             if not entry.text:
                 continue  # would "match" at every message without covering any text
-            marker = self._marker_by_id.get(entry.token_ids[-1])
+            marker = self._marker_by_id.get(entry.token_ids[-1]) or ""
             ends_with_stop = bool(marker) and entry.text.endswith(marker)
             if text.startswith(entry.text, start):
                 if ends_with_stop or self._marker_at(text, start + len(entry.text)):
@@ -586,10 +588,11 @@ def _text_signature(text: str) -> tuple[Any, ...]:
 def _canonical_arguments(arguments: object) -> str:
     """Arguments as sorted-key JSON when they parse, so re-serialised JSON still compares equal."""
     if isinstance(arguments, str):
+        text = arguments
         try:
-            arguments = json.loads(arguments)
+            arguments = json.loads(text)
         except ValueError:
-            return arguments
+            return text
     return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
 
 

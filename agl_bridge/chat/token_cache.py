@@ -18,7 +18,7 @@ import threading
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,10 +151,10 @@ class TokenCacheRegistry:
         self.idle_ttl_s = idle_ttl_s
         self._clock = clock
         # Ordered by last access, oldest first: expired and LRU victims are always at the front.
-        self._caches: OrderedDict[str, tuple[TokenCache, float]] = OrderedDict()
+        self._caches: OrderedDict[Hashable, tuple[TokenCache, float]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, rollout_key: str) -> TokenCache:
+    def get(self, rollout_key: Hashable) -> TokenCache:
         """The cache of `rollout_key`, created if missing; counts as activity for the idle timeout."""
         now = self._clock()
         with self._lock:
@@ -173,7 +173,7 @@ class TokenCacheRegistry:
             self._caches[rollout_key] = (cache, now)
             return cache
 
-    def peek(self, rollout_key: str) -> TokenCache | None:
+    def peek(self, rollout_key: Hashable) -> TokenCache | None:
         """The cache of `rollout_key` if it exists and is not expired; does not count as activity."""
         now = self._clock()
         with self._lock:
@@ -181,7 +181,7 @@ class TokenCacheRegistry:
             found = self._caches.get(rollout_key)
             return found[0] if found is not None else None
 
-    def discard(self, rollout_key: str) -> None:
+    def discard(self, rollout_key: Hashable) -> None:
         """Drop a finished rollout's cache now instead of waiting for the idle timeout."""
         with self._lock:
             self._caches.pop(rollout_key, None)

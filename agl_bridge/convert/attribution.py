@@ -20,6 +20,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from agl_bridge.types import LLMCall, Reward
 
@@ -50,16 +51,19 @@ def attribute_rewards(trainable: Sequence[LLMCall], rewards: Sequence[Reward]) -
     for call in trainable:
         if not receivers or receivers[-1].sequence != call.sequence:
             receivers.append(call)
-    sequences = [call.sequence for call in receivers]
+    # Sequences are store-allocated (never None on stored records); the casts only inform the type checker.
+    sequences = [cast(int, call.sequence) for call in receivers]
     result = Attribution()
     for reward in sorted(rewards, key=_reward_order):
         _add(result.totals, reward.name, reward.value)
-        index = -1 if reward.attempt_id is None else bisect_left(sequences, reward.sequence) - 1
+        index = -1 if reward.attempt_id is None else bisect_left(sequences, cast(int, reward.sequence)) - 1
         if index < 0:
             _add(result.unattached, reward.name, reward.value)
         else:
             call = receivers[index]
-            _add(result.by_call.setdefault((call.sequence, call.choice_index), {}), reward.name, reward.value)
+            _add(
+                result.by_call.setdefault((cast(int, call.sequence), call.choice_index), {}), reward.name, reward.value
+            )
     return result
 
 

@@ -254,7 +254,8 @@ def write_trajectories(
     chosen = format_of_path(path) if file_format is None else ExportFormat(file_format)
     count = 0
     mode = "wb" if chosen is ExportFormat.PARQUET else "w"
-    with open(path, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as handle:
+    text_options: dict[str, Any] = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
+    with open(path, mode, **text_options) as handle:
         writer = open_writer(handle, chosen)
         try:
             for trajectory in trajectories:

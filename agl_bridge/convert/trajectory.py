@@ -90,10 +90,12 @@ def _identify(
     calls: Sequence[LLMCall], rewards: Sequence[Reward], rollout_id: str | None, attempt_id: str | None
 ) -> tuple[str, str]:
     """The (rollout, attempt) the records belong to; ValueError naming the first record that disagrees."""
-    if rollout_id is None:
-        rollout_id = next((record.rollout_id for record in (*calls, *rewards)), None)
-    if attempt_id is None:
-        attempt_id = next((r.attempt_id for r in (*calls, *rewards) if r.attempt_id is not None), None)
+    if rollout_id is None or attempt_id is None:
+        every: tuple[LLMCall | Reward, ...] = (*calls, *rewards)
+        if rollout_id is None:
+            rollout_id = next((record.rollout_id for record in every), None)
+        if attempt_id is None:
+            attempt_id = next((r.attempt_id for r in every if r.attempt_id is not None), None)
     if rollout_id is None or attempt_id is None:
         raise ValueError(
             "cannot tell which rollout and attempt these records belong to (none names them); "

@@ -219,7 +219,8 @@ def load_causal_lm(name_or_path: str | os.PathLike[str], *, device: str = "cpu",
         if local:
             raise
         raise _hub_error(resolved, "model", exc) from exc
-    return model.to(device).eval()
+    # transformers wraps `PreTrainedModel.to` with functools.wraps, so its stub reads as unbound
+    return model.to(device).eval()  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager

@@ -72,6 +72,7 @@ def make_adapter_router(sampler: Any, registry: AdapterRegistry) -> APIRouter:
         for field, value in (("lora_name", name), ("lora_path", path)):
             if not isinstance(value, str) or not value:
                 return _error(400, f"{field} is required: a non-empty string", field)
+        assert isinstance(name, str) and isinstance(path, str)  # checked just above
         if registry.version_of(name) is not None:
             return _error(400, f"The lora adapter '{name}' has already been loaded.", "lora_name")
         if not hasattr(sampler, "load_lora"):

@@ -86,7 +86,8 @@ async def _complete(service: ChatService, body: dict[str, Any], route: Any, *, r
         )
     return_ids = bool(body.get("return_token_ids", False))
     tokenizer = service.codec.tokenizer
-    choices, prompt_total, completion_total = [], 0, 0
+    choices: list[dict[str, Any]] = []
+    prompt_total, completion_total = 0, 0
     for prompt_ids in prompts:
         try:
             sampled = await service.sampler.sample_async(prompt_ids, params, n)

@@ -9,12 +9,15 @@ this server pays once per sampled call. Every other path (and lifespan) goes to 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from starlette.routing import BaseRoute
 
-NO_NATIVE_TELEMETRY = {"tracing": False, "metrics": False, "logs": False}
+if TYPE_CHECKING:
+    from fastapi.telemetry import TelemetryConfig
+
+NO_NATIVE_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 """FastAPI's `telemetry=` settings for every app the proxy serves: the proxy records its own spans,
 and FastAPI's per-request spans would loop into `/v1/traces` once an agent in the same process
 installs a TracerProvider."""

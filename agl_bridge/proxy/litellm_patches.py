@@ -42,7 +42,8 @@ def patch_litellm() -> None:
     for name in _PATCHED_MODULES:
         module = importlib.import_module(name)
         if getattr(module, "extract_request_tool_names", None) is original:
-            module.extract_request_tool_names = tolerant
+            # Monkeypatching the name each module imported: ModuleType declares no such attribute.
+            module.extract_request_tool_names = tolerant  # type: ignore[attr-defined]
 
 
 def _patch_built_in_tools_params() -> None:

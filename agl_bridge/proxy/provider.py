@@ -90,7 +90,9 @@ class AglProvider(CustomLLM):
             raise sampler_unavailable_error(error, model) from None
         return _fill_response(model_response, model, service, request, result)
 
-    async def astreaming(
+    # LiteLLM's base is a coroutine typed to return GenericStreamingChunks; LiteLLM also takes an async
+    # generator of ModelResponseStream chunks, which this is.
+    async def astreaming(  # type: ignore[override]
         self,
         model: str,
         messages: list,
@@ -149,13 +151,13 @@ def _fill_response(
             index=choice.index, message=message, finish_reason=choice.message.finish_reason, logprobs=logprobs
         )
         if request.return_token_ids:
-            out.token_ids = list(choice.sequence.tokens)
+            out.token_ids = list(choice.sequence.tokens)  # type: ignore[attr-defined]  # vLLM's extra field
         choices.append(out)
     response.choices = choices
     response.model = model
-    response.usage = _usage(result)
+    response.usage = _usage(result)  # type: ignore[attr-defined]  # set dynamically by LiteLLM, not declared
     if request.return_token_ids:
-        response.prompt_token_ids = list(result.prompt_token_ids)
+        response.prompt_token_ids = list(result.prompt_token_ids)  # type: ignore[attr-defined]  # vLLM's extra field
     return response
 
 
@@ -177,7 +179,8 @@ async def _stream_chunks(
         nonlocal prompt_ids
         out = ModelResponseStream(id=response_id, created=created, model=model, choices=[choice])
         if prompt_ids is not None:
-            out.prompt_token_ids = prompt_ids  # vLLM sends the prompt ids once, on the first chunk
+            # vLLM sends the prompt ids once, on the first chunk
+            out.prompt_token_ids = prompt_ids  # type: ignore[attr-defined]  # vLLM's extra field
             prompt_ids = None
         if usage is not None:
             out.usage = usage
@@ -233,7 +236,7 @@ def _streaming_choice(
         logprobs=_logprobs(service, delta.token_ids, delta.logprobs, top) if request.logprobs else None,
     )
     if request.return_token_ids:
-        out.token_ids = list(delta.token_ids)
+        out.token_ids = list(delta.token_ids)  # type: ignore[attr-defined]  # vLLM's extra field
     return out
 
 

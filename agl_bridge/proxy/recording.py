@@ -112,8 +112,8 @@ class CallRecorder:
         messages: Sequence[dict[str, Any]],
         response_text: str | None,
         finish_reason: str | None,
-        started: float,
-        ended: float,
+        started: float | None,
+        ended: float | None,
         usage: Usage | None = None,
     ) -> int:
         """Store a call to a model that returns text only (kept for export, never trained on)."""

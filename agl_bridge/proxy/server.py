@@ -109,7 +109,7 @@ def litellm_config(served: list[str], api_key: str, user_config: Path | None = N
     user_models = user.get("model_list") or []
     if not isinstance(user_models, list):
         raise ProxyStartError(f"model_list in {user_config} must be a list")
-    clashes = sorted({m.get("model_name") for m in user_models if isinstance(m, dict)} & set(served))
+    clashes = sorted(set(served) & {m.get("model_name") for m in user_models if isinstance(m, dict)})
     if clashes:
         raise ProxyStartError(
             f"the LiteLLM config {user_config} also defines {clashes}, which agl-bridge serves; rename them"

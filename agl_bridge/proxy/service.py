@@ -239,8 +239,8 @@ class ChatService:
         except ChatFormatError as error:
             raise RequestError(str(error), error.param) from None
         if len(prompt.token_ids) >= self.sampler.max_context:
-            error = ContextLengthError(len(prompt.token_ids), self.sampler.max_context)
-            raise RequestError(str(error), "messages", code="context_length_exceeded")
+            too_long = ContextLengthError(len(prompt.token_ids), self.sampler.max_context)
+            raise RequestError(str(too_long), "messages", code="context_length_exceeded")
         return prompt
 
     async def _finish(

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from agl_bridge.runner.command import AgentCommand
 from agl_bridge.runner.endpoint import Endpoint
@@ -124,8 +124,11 @@ class Runner:
             for _ in range(self.config.group_size):
                 rollouts.append(await self.store.create_rollout(task, group_id=group_id))
         limit = asyncio.Semaphore(self.config.concurrency)
+        # Every rollout was created with a group id just above.
         return list(
-            await asyncio.gather(*(self._run_rollout(r.rollout_id, r.group_id, r.task, limit) for r in rollouts))
+            await asyncio.gather(
+                *(self._run_rollout(r.rollout_id, cast(str, r.group_id), r.task, limit) for r in rollouts)
+            )
         )
 
     def endpoint(self, rollout_id: str, attempt_id: str) -> Endpoint:

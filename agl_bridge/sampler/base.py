@@ -59,7 +59,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    stop: str | Sequence[str] | Sequence[int] | None = None
+    stop: str | Sequence[str | int] | None = None
     seed: int | None = None
 
     def validate(self, vocab_size: int | None = None) -> None:

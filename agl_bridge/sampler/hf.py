@@ -27,7 +27,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -37,6 +37,7 @@ from agl_bridge.sampler.base import (
     SampledSequence,
     SampleResult,
     SamplingParams,
+    StopReason,
     TokenEvent,
 )
 from agl_bridge.sampler.kv_batch import KVBatch
@@ -73,7 +74,7 @@ class _SampleRequest:
     stop_checker: StopChecker
     future: concurrent.futures.Future[SampleResult]
     sequences: list[SampledSequence | None] = field(default_factory=list)
-    on_token: Callable[[TokenEvent], None] | None = None
+    on_token: Callable[[TokenEvent], object] | None = None
 
 
 @dataclass
@@ -179,7 +180,7 @@ class HFSampler:
         params: SamplingParams,
         num_samples: int = 1,
         *,
-        on_token: Callable[[TokenEvent], None] | None = None,
+        on_token: Callable[[TokenEvent], object] | None = None,
     ) -> concurrent.futures.Future[SampleResult]:
         """Queue a sample request and return a future; cancelling it frees its batch slots.
 
@@ -291,7 +292,7 @@ class HFSampler:
 
     def _decode_for_stops(self, tokens: list[int]) -> str:
         assert self.tokenizer is not None
-        return self.tokenizer.decode(tokens, skip_special_tokens=False)
+        return cast(str, self.tokenizer.decode(tokens, skip_special_tokens=False))  # a str for one list of ids
 
     def _call(self, run: Callable[[], Any]) -> concurrent.futures.Future[Any]:
         call = _Call(run, concurrent.futures.Future())
@@ -466,13 +467,13 @@ class HFSampler:
             return False
         return True
 
-    def _finish(self, row: _Row, reason: str) -> None:
+    def _finish(self, row: _Row, reason: StopReason) -> None:
         request = row.request
         request.sequences[row.sample_index] = SampledSequence(
             tokens=row.tokens,
             logprobs=row.logprobs,
             stop_reason=reason,
-            token_policy_versions=row.versions,  # type: ignore[arg-type]
+            token_policy_versions=row.versions,
         )
         if all(s is not None for s in request.sequences) and not request.future.done():
             request.future.set_result(SampleResult(list(request.prompt), list(request.sequences)))  # type: ignore[arg-type]

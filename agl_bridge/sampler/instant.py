@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agl_bridge.sampler.base import ContextLengthError, SampledSequence, SampleResult, SamplingParams
+from agl_bridge.sampler.base import ContextLengthError, SampledSequence, SampleResult, SamplingParams, StopReason
 
 
 class InstantSampler:
@@ -39,7 +39,7 @@ class InstantSampler:
         if len(prompt_tokens) >= self._max_context:
             raise ContextLengthError(len(prompt_tokens), self._max_context)
         tokens = self._response[: params.max_tokens or len(self._response)]
-        reason = "length" if len(tokens) < len(self._response) else "stop"
+        reason: StopReason = "length" if len(tokens) < len(self._response) else "stop"
         sequence = [
             SampledSequence(list(tokens), [-0.5] * len(tokens), reason, [self.policy_version] * len(tokens))
             for _ in range(num_samples)

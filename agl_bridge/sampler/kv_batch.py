@@ -9,10 +9,14 @@ column, which keeps a decode step a single `[batch, 1]` forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+
+if TYPE_CHECKING:
+    from transformers.cache_utils import CacheLayerMixin
 
 
 @dataclass
@@ -35,7 +39,9 @@ class KVBatch:
     @classmethod
     def from_cache(cls, cache: DynamicCache, attention_mask: torch.Tensor) -> KVBatch:
         """Take the tensors out of a cache returned by a forward pass."""
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        # Full-attention caches only, filled by the forward pass: every layer holds key and value tensors.
+        attention_layers = cast("list[CacheLayerMixin]", cache.layers)
+        layers = [(cast(torch.Tensor, layer.keys), cast(torch.Tensor, layer.values)) for layer in attention_layers]
         return cls(layers=layers, attention_mask=attention_mask)
 
     def as_cache(self) -> DynamicCache:

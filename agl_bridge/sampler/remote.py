@@ -280,7 +280,7 @@ class RemoteSampler:
         if not prompt:
             raise ValueError("prompt_tokens must contain at least one token")
         if self._vocab_size is not None and any(t < 0 or t >= self._vocab_size for t in prompt):
-            bad = next(t for t in prompt if t < 0 or t >= self._vocab_size)  # type: ignore[operator]
+            bad = next(t for t in prompt if t < 0 or t >= self._vocab_size)
             raise ValueError(f"prompt token id {bad} is outside the vocabulary 0..{self._vocab_size - 1}")
         if len(prompt) >= self._max_context:
             raise ContextLengthError(len(prompt), self._max_context)

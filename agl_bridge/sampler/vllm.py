@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agl_bridge.sampler._loop_thread import LoopThread
-from agl_bridge.sampler.base import ContextLengthError, SampledSequence, SampleResult, SamplingParams
+from agl_bridge.sampler.base import ContextLengthError, SampledSequence, SampleResult, SamplingParams, StopReason
 
 INSTALL_HINT = "pip install 'agl-bridge[vllm]' on a machine with a CUDA GPU"
 
@@ -175,7 +175,7 @@ class VLLMSampler:
                 raise RuntimeError(
                     f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens (logprobs=0 was asked)"
                 )
-            reason = "length" if output.finish_reason == "length" else "stop"
+            reason: StopReason = "length" if output.finish_reason == "length" else "stop"
             sequences.append(SampledSequence(tokens, logprobs, reason, [version] * len(tokens)))
         return SampleResult(list(final.prompt_token_ids or prompt), sequences)
 

@@ -207,6 +207,7 @@ async def merge_in_sequence(
         reward = await anext(reward_stream, None)
         while call is not None or reward is not None:
             if reward is None or (call is not None and _call_key(call) <= _reward_key(reward)):
+                assert call is not None  # the loop runs while one of them is not None
                 yield call
                 call = await anext(call_stream, None)
             else:

@@ -32,7 +32,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -462,6 +462,7 @@ class SQLiteStore:
     async def _rollout_pages(self) -> AsyncIterator[tuple[Rollout, list[Attempt]]]:
         """Every rollout in rollout id order with its attempts, fetched a page of rollouts at a time."""
         last: str | None = None
+        args: list[Any]
         while True:
             if last is None:
                 sql, args = f"SELECT {ROLLOUT_SELECT} FROM rollouts ORDER BY rollout_id LIMIT ?", [self._page]
@@ -530,7 +531,7 @@ class SQLiteStore:
         *,
         attributed_only: bool,
         prefetch: bool = False,
-    ) -> AsyncIterator[list[Any]]:
+    ) -> AsyncGenerator[list[Any], None]:
         # Keyset pagination over the ordering index `key`. `fixed` holds values for the leading
         # key columns (a rollout, or a rollout and attempt). Each page is its own short query that
         # resumes after the last key seen, phrased as "leading columns = fixed values AND (the

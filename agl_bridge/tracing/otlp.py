@@ -38,7 +38,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from agl_bridge import semconv
-from agl_bridge.types import DEFAULT_REWARD_NAME, Reward, StoredSpan
+from agl_bridge.types import DEFAULT_REWARD_NAME, Reward, SpanKind, SpanStatus, StoredSpan
 
 DecodedSpan: TypeAlias = Reward | StoredSpan
 """What one OTLP span decodes to: a reward, or a generic span to store as is."""
@@ -49,8 +49,12 @@ PROTOBUF_MEDIA_TYPES = frozenset({"application/x-protobuf", "application/protobu
 JSON_MEDIA_TYPES = frozenset({"application/json"})
 """Content types of OTLP/JSON."""
 
-_SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
-_STATUS_CODES = {Status.STATUS_CODE_UNSET: "unset", Status.STATUS_CODE_OK: "ok", Status.STATUS_CODE_ERROR: "error"}
+_SPAN_KINDS: tuple[SpanKind, ...] = ("unspecified", "internal", "server", "client", "producer", "consumer")
+_STATUS_CODES: dict[int, SpanStatus] = {
+    Status.STATUS_CODE_UNSET: "unset",
+    Status.STATUS_CODE_OK: "ok",
+    Status.STATUS_CODE_ERROR: "error",
+}
 _MAX_NS = 2**63 - 1
 
 

@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar, cast
 
 import torch
 from peft import (
@@ -38,7 +38,7 @@ from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file, save_file
 
 from agl_bridge.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
-from agl_bridge.sampler.base import AdapterSampler
+from agl_bridge.sampler.base import AdapterSampler, TokenSampler
 from agl_bridge.sampler.hf import HFSampler
 from agl_bridge.train.checkpoint import (
     ADAPTER_FILE,
@@ -222,7 +222,7 @@ class TrainingClient:
 
         config = LoraConfig(
             r=lora_rank,
-            lora_alpha=lora_alpha,
+            lora_alpha=lora_alpha,  # type: ignore[arg-type]  # peft annotates int; a float alpha works (alpha / r)
             target_modules=list(target_modules) if not isinstance(target_modules, str) else target_modules,
             lora_dropout=0.0,  # dropout would make trainer logprobs differ from the sampler's
             bias="none",
@@ -423,7 +423,7 @@ class TrainingClient:
         self._closed = True
         self._executor.shutdown(wait=True)
         if self._owns_sampler and self._sampler is not None:
-            self._sampler.close()
+            cast(HFSampler, self._sampler).close()  # an owned sampler is the HFSampler _ensure_sampler made
 
     def __enter__(self) -> Self:
         return self
@@ -689,7 +689,8 @@ class TrainingClient:
         else:
             new_version = sampler.load_lora(self._sync_state_dict(), scaling=self.lora_scaling, version=version)
         self.last_sync_s = time.perf_counter() - start
-        return SamplingClient(sampler, weights_version=new_version, name=name)
+        # Adapter samplers (remote, vLLM) are token samplers too.
+        return SamplingClient(cast(TokenSampler, sampler), weights_version=new_version, name=name)
 
     def _sync_state_dict(self) -> dict[str, torch.Tensor]:
         """The adapter in the layout `HFSampler.load_lora` takes (live views: the call blocks until merged)."""
@@ -734,12 +735,12 @@ class TrainingClient:
             )
 
 
-def _embeddings_tied(model: torch.nn.Module) -> bool:
+def _embeddings_tied(model: Any) -> bool:  # a transformers model (duck-typed, as in proxy.adapters)
     output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
     return output is not None and inputs is not None and output.weight.data_ptr() == inputs.weight.data_ptr()
 
 
-def _untie_output_embeddings(model: torch.nn.Module) -> None:
+def _untie_output_embeddings(model: Any) -> None:
     """Give the output layer its own weight, so loading a trained lm_head leaves the embeddings alone."""
     if _embeddings_tied(model):
         output = model.get_output_embeddings()

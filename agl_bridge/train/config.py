@@ -12,7 +12,7 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import yaml
 
@@ -132,8 +132,8 @@ class GRPOConfig:
                 "clip thresholds are ratios with clip_low_threshold <= 1 <= clip_high_threshold (e.g. 0.8 / 1.28)"
             )
         for name, allowed in (("loss_fn", LossName), ("aggregation", Aggregation)):
-            if getattr(self, name) not in allowed.__args__:
-                raise ConfigError(f"{name} must be one of {', '.join(allowed.__args__)}, got {getattr(self, name)!r}")
+            if getattr(self, name) not in get_args(allowed):
+                raise ConfigError(f"{name} must be one of {', '.join(get_args(allowed))}, got {getattr(self, name)!r}")
         if self.kl_coef < 0:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.warm_start.steps < 0:

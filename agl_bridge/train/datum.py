@@ -20,7 +20,7 @@ import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -105,8 +105,9 @@ class Datum:
             inputs[LOGPROBS] = [0.0 if lp is None else float(lp) for lp in sampler_logprobs[1:]]
         if advantages is not None:
             if isinstance(advantages, numbers.Real) or getattr(advantages, "ndim", None) == 0:
-                per_token = [float(advantages)] * (n - 1)
+                per_token = [float(cast(float, advantages))] * (n - 1)
             else:
+                advantages = cast(Sequence[float], advantages)
                 if len(advantages) != n:
                     raise DatumError(
                         None,

@@ -209,6 +209,7 @@ class GRPOTrainer:
         seeded order; the data's sampler logprobs come from older policies, which the truncated
         importance sampling corrects.
         """
+        assert self.config.offline_data is not None  # run() comes here only with offline data
         groups = asyncio.run(offline_groups(self.config.offline_data))
         if not groups:
             raise ConfigError(f"{self.config.offline_data} holds no trainable trajectories")
@@ -341,11 +342,11 @@ class GRPOTrainer:
         t2 = time.perf_counter()
         train_metrics = await self._train_on(client, datums)
         t3 = time.perf_counter()
-        version = (
-            (await client.save_weights_and_get_sampling_client_async()).policy_version
-            if datums
-            else client.sampler.policy_version
-        )
+        if datums:
+            version = (await client.save_weights_and_get_sampling_client_async()).policy_version
+        else:
+            assert client.sampler is not None  # the online run gives the client its sampler
+            version = client.sampler.policy_version
         t4 = time.perf_counter()
         record: dict[str, Any] = {
             "phase": "train",
