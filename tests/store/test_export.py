@@ -13,12 +13,9 @@ from typing import Any
 
 import pytest
 
+from agl_bridge.export_files import ExportCounts, ExportOutputError
 from agl_bridge.store import RolloutNotFoundError, SQLiteStore, StoreError
 from agl_bridge.store.export import (
-    EXPORTERS,
-    ExportCounts,
-    ExportOutputError,
-    ExportWhat,
     NoStoreError,
     call_record,
     check_store_file,
@@ -316,10 +313,6 @@ def test_check_store_file_refuses_what_is_not_a_store_without_creating_it(tmp_pa
     assert (tmp_path / "empty.db").stat().st_size == 0
     with pytest.raises(NoStoreError, match="is a directory"):
         check_store_file(tmp_path)
-
-
-def test_every_export_choice_has_an_exporter() -> None:
-    assert set(EXPORTERS) == set(ExportWhat)
 
 
 def test_record_from_json_refuses_unknown_kinds(make_call: Callable[..., LLMCall]) -> None:
