@@ -22,7 +22,7 @@ from agl_bridge.store.export import export_calls
 
 
 class ExportWhat(str, enum.Enum):
-    """What `agl-bridge export --what` writes; a new export format is one more member here."""
+    """What `agl-bridge export --what` writes; a new export is one more member here and in `EXPORTERS`."""
 
     CALLS = "calls"
     TRAJECTORIES = "trajectories"
