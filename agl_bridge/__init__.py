@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from agl_bridge._env import apply_offline_env_defaults
+from agl_bridge._version import __version__
 
 apply_offline_env_defaults()
-
-__version__ = "0.1.0"
 
 # `emit_reward` is the one call users add to their agent. It is imported on first use so that
 # `import agl_bridge` (e.g. by the sampler or the CLI) does not load OpenTelemetry.

@@ -17,17 +17,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
+from agl_bridge.convert.export import TrajectoryExportCounts
+from agl_bridge.export import EXPORTERS, ExportWhat
+from agl_bridge.export_files import ExportCounts, ExportFormat, ExportOutputError
 from agl_bridge.models.tiny import InvalidTinySpecError, TinyModelSpec, build_tiny
 from agl_bridge.store.errors import RolloutNotFoundError, StoreError, StoreSchemaError
-from agl_bridge.store.export import (
-    EXPORTERS,
-    ExportCounts,
-    ExportFormat,
-    ExportOutputError,
-    ExportWhat,
-    NoStoreError,
-    open_existing_store,
-)
+from agl_bridge.store.export import NoStoreError, open_existing_store
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -101,8 +96,8 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _store_failure(exc: StoreError, store: Path) -> NoReturn:
-    """Turn a store error of a read-only command into one clear line and the right exit code."""
+def _store_failure(exc: StoreError | ExportOutputError, store: Path) -> NoReturn:
+    """Turn a store error of a read-only command (or an unwritable export file) into one line and an exit code."""
     if isinstance(exc, RolloutNotFoundError):
         _fail(f"no rollout {exc.rollout_id!r} in {store}; list its rollouts with `agl-bridge inspect --store {store}`")
     if isinstance(exc, (NoStoreError, StoreSchemaError, ExportOutputError)):
@@ -146,7 +141,7 @@ def _reward_weights(values: list[str]) -> dict[str, float]:
 
 def _export_summary(what: ExportWhat, counts: ExportCounts, scope: str, out: Path) -> str:
     """The line `export` prints once the file is written."""
-    if what is ExportWhat.CALLS or counts.report is None:
+    if what is ExportWhat.CALLS or not isinstance(counts, TrajectoryExportCounts):
         return f"Wrote {counts.calls} LLM calls and {counts.rewards} rewards{scope} to {out.resolve()}"
     report = counts.report
     line = (
@@ -416,7 +411,7 @@ def export_command(
 
     try:
         counts = asyncio.run(run())
-    except StoreError as exc:
+    except (StoreError, ExportOutputError) as exc:
         _store_failure(exc, store)
     except (ConversionError, ImportError) as exc:
         _fail(str(exc), code=1)  # the data (or the installation), not the command line

@@ -1,6 +1,6 @@
 """Reliability fuzz benchmark: ≥10,000 generated requests against a proxy; no 5xx, only OpenAI errors.
 
-The requests come from the hypothesis strategies in tests/reliability/reliability_fuzz.py (chat and
+The requests come from the hypothesis strategies in `agl_bridge.testing.fuzz` (chat and
 completion bodies with wrong types and values, odd rollout ids, OTLP bodies, unknown routes, raw
 bytes), sent one after another to `ProxyServer` over an InstantSampler in a subprocess. Every
 answer is checked: below 500, errors in OpenAI's shape with a word `code`, streams without error
@@ -25,13 +25,13 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "reliability"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import httpx  # noqa: E402
-from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
-from reliability_fuzz import FuzzRequest, check_answer, requests, send  # noqa: E402
-from reliability_helpers import start_proxy  # noqa: E402
+import httpx
+from hypothesis import HealthCheck, given, seed, settings
+
+from agl_bridge.testing.fuzz import FuzzRequest, check_answer, requests, send
+from agl_bridge.testing.proxy_process import start_proxy
 
 
 def fuzz(base_url: str, api_key: str, count: int, random_seed: int) -> dict[str, Any]:

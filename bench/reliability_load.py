@@ -6,9 +6,9 @@
 (c) `soak`: 100,000 calls (rounds of 250 rollouts × 10 turns) through one InstantSampler proxy and
     one store, tracking the store's size per call (database + WAL) and the proxy's RSS per round.
 
-Each run checks the store call by call (tests/reliability/reliability_load.py): lost calls,
+Each run checks the store call by call (`agl_bridge.testing.load`): lost calls,
 calls attributed to the wrong rollout, out-of-order sequences; and reports the agent-side p50/p99
-latency. Proxies run as subprocesses (tests/reliability/serve_subprocess.py) on 127.0.0.1.
+latency. Proxies run as subprocesses (`agl_bridge.testing.serve`) on 127.0.0.1.
 Prints one JSON object; exits 1 if anything was lost, misattributed or out of order, or if the
 proxy's RSS grew more than 25% over the second half of the soak (a leak).
 
@@ -31,11 +31,11 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "reliability"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reliability_helpers import ProxyProcess, integrity, start_proxy  # noqa: E402
-from reliability_load import run_load  # noqa: E402
+from agl_bridge.testing.checks import integrity
+from agl_bridge.testing.load import run_load
+from agl_bridge.testing.proxy_process import ProxyProcess, start_proxy
 
 SOAK_ROUND = (250, 10)
 

@@ -1,7 +1,8 @@
-"""Shared pytest fixtures: the offline tiny model (built once per session) and its tokenizer.
+"""Shared pytest fixtures: the offline tiny model (built once per session) and its tokenizer, stores, the proxy.
 
 The hub switches are set before anything imports transformers or huggingface_hub (they read them
-at import time), so no test can reach the network by accident.
+at import time), so no test can reach the network by accident. Shared plain helpers (ids, ports,
+clients) are in tests/shared_helpers.py.
 """
 
 from __future__ import annotations
@@ -15,9 +16,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from agl_bridge.store import SQLiteStore
+    from agl_bridge.types import LLMCall
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -42,6 +49,44 @@ def tiny_tokenizer(tiny_model_dir: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    """Where the test's store file lives."""
+    return tmp_path / "store.db"
+
+
+@pytest.fixture
+async def store(store_path: Path) -> AsyncIterator[SQLiteStore]:
+    """An open store on the test's event loop, closed after the test."""
+    from agl_bridge.store import SQLiteStore
+
+    async with SQLiteStore(store_path) as opened:
+        yield opened
+
+
+@pytest.fixture
+def make_call() -> Callable[..., LLMCall]:
+    """Factory of token calls with short, distinct lists; keyword arguments override fields."""
+    from agl_bridge.types import LLMCall
+
+    def factory(**overrides: Any) -> LLMCall:
+        fields: dict[str, Any] = {
+            "rollout_id": "ro-1",
+            "attempt_id": "at-1",
+            "model": "tiny",
+            "prompt_token_ids": [1, 2, 3],
+            "response_token_ids": [4, 5],
+            "response_logprobs": [-0.25, -1.5],
+            "messages": [{"role": "user", "content": "hi"}],
+            "response_text": "hello",
+            "finish_reason": "stop",
+        }
+        fields.update(overrides)
+        return LLMCall(**fields)
+
+    return factory
 
 
 class RecordingSampler:

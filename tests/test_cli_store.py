@@ -229,7 +229,7 @@ def test_read_only_output_location_is_one_line(
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, flags, mode, *args, **kwargs)
 
-    monkeypatch.setattr("agl_bridge.store.export.os.open", refuse)
+    monkeypatch.setattr("agl_bridge.export_files.os.open", refuse)
     line = error_line(_invoke("export", store_path, tmp_path / "calls.jsonl"))
     assert f"cannot write {tmp_path / 'calls.jsonl'}: Permission denied" in line
     assert not (tmp_path / "calls.jsonl").exists()

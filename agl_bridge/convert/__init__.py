@@ -9,7 +9,7 @@ rules and the schema: docs/trajectories.md.
 from __future__ import annotations
 
 from agl_bridge.convert.errors import ConversionError, MissingRewardError, TrajectoryFormatError
-from agl_bridge.convert.export import export_trajectories
+from agl_bridge.convert.export import TrajectoryExportCounts, export_trajectories
 from agl_bridge.convert.groups import group_key, group_trajectories
 from agl_bridge.convert.io import (
     check_segment,
@@ -20,9 +20,7 @@ from agl_bridge.convert.io import (
     write_trajectories,
 )
 from agl_bridge.convert.policy import DEFAULT_OPTIONS, ConvertOptions, MissingRewardPolicy
-from agl_bridge.convert.stream import convert_rollout, convert_store, effective_status
-from agl_bridge.convert.trajectory import convert_attempt
-from agl_bridge.types import (
+from agl_bridge.convert.records import (
     ConversionReport,
     DropReason,
     SegmentCall,
@@ -30,6 +28,8 @@ from agl_bridge.types import (
     Trajectory,
     TrajectorySegment,
 )
+from agl_bridge.convert.stream import convert_rollout, convert_store, effective_status
+from agl_bridge.convert.trajectory import convert_attempt
 
 __all__ = [
     "DEFAULT_OPTIONS",
@@ -42,6 +42,7 @@ __all__ = [
     "SegmentCall",
     "SplitKind",
     "Trajectory",
+    "TrajectoryExportCounts",
     "TrajectoryFormatError",
     "TrajectorySegment",
     "check_segment",

@@ -2,20 +2,29 @@
 
 Behind `agl-bridge export --what trajectories`. Converts rollout by rollout (`convert_store`) and
 writes each trajectory as it comes, so memory holds one rollout plus one Parquet row group. The
-file appears only once complete (see `agl_bridge.store.export.atomic_output`).
+file appears only once complete (`agl_bridge.export_files.atomic_output`).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from agl_bridge.convert.io import open_writer
 from agl_bridge.convert.policy import DEFAULT_OPTIONS, ConvertOptions
+from agl_bridge.convert.records import ConversionReport
 from agl_bridge.convert.stream import convert_store
+from agl_bridge.export_files import ExportCounts, ExportFormat, atomic_output, closing_stream
 from agl_bridge.store.base import Store
 from agl_bridge.store.errors import RolloutNotFoundError
-from agl_bridge.store.export import ExportCounts, ExportFormat, atomic_output, closing_stream
-from agl_bridge.types import ConversionReport
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryExportCounts(ExportCounts):
+    """What a trajectories export wrote: `calls` trained on, `rewards` seen, trajectories, and the report."""
+
+    trajectories: int
+    report: ConversionReport
 
 
 async def export_trajectories(
@@ -25,7 +34,7 @@ async def export_trajectories(
     rollout_id: str | None = None,
     file_format: ExportFormat | str = ExportFormat.JSONL,
     options: ConvertOptions | None = None,
-) -> ExportCounts:
+) -> TrajectoryExportCounts:
     """Write the trajectories of every rollout (or of `rollout_id`) to `out`; return counts and report.
 
     `calls` in the result counts the LLM calls trained on (merged into segments); `rewards` the
@@ -55,4 +64,6 @@ async def export_trajectories(
             writer.abort()  # while the handle is open; the temporary file is then removed
             raise
         writer.close()
-    return ExportCounts(calls=report.calls_trained, rewards=report.rewards_seen, trajectories=written, report=report)
+    return TrajectoryExportCounts(
+        calls=report.calls_trained, rewards=report.rewards_seen, trajectories=written, report=report
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agl_bridge.types import Trajectory
+from agl_bridge.convert.records import Trajectory
 
 
 def group_key(trajectory: Trajectory) -> str:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from agl_bridge.convert.errors import TrajectoryFormatError
-from agl_bridge.store.export import ExportFormat
-from agl_bridge.types import SegmentCall, Trajectory, TrajectorySegment
+from agl_bridge.convert.records import SegmentCall, Trajectory, TrajectorySegment
+from agl_bridge.export_files import ExportFormat
 
 PARQUET_FORMAT_KEY = b"agl_bridge.trajectory_format"
 """Parquet schema metadata key holding the trajectory format version."""

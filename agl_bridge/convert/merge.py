@@ -31,7 +31,8 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agl_bridge.types import LLMCall, SegmentCall, SplitKind, TrajectorySegment
+from agl_bridge.convert.records import SegmentCall, SplitKind, TrajectorySegment
+from agl_bridge.types import LLMCall
 
 CallKey = tuple[int, int]
 

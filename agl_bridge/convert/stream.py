@@ -16,19 +16,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable
 
 from agl_bridge.convert.policy import DEFAULT_OPTIONS, ConvertOptions, skip_reason
+from agl_bridge.convert.records import ConversionReport, DropReason, Trajectory
 from agl_bridge.convert.trajectory import convert_attempt
+from agl_bridge.export_files import closing_stream
 from agl_bridge.store.base import Store
-from agl_bridge.store.export import closing_stream
-from agl_bridge.types import (
-    Attempt,
-    AttemptStatus,
-    ConversionReport,
-    DropReason,
-    Rollout,
-    RolloutRecords,
-    RolloutStatus,
-    Trajectory,
-)
+from agl_bridge.types import Attempt, AttemptStatus, Rollout, RolloutRecords, RolloutStatus
 
 OUTSIDE_ATTEMPT = "outside_attempt"
 """`calls_not_trained` key: a rollout's calls made outside any of its attempts."""

@@ -22,7 +22,8 @@ from agl_bridge.convert.attribution import attribute_rewards
 from agl_bridge.convert.errors import MissingRewardError
 from agl_bridge.convert.merge import merge_calls
 from agl_bridge.convert.policy import DEFAULT_OPTIONS, ConvertOptions, skip_reason, weighted_return
-from agl_bridge.types import AttemptStatus, DropReason, LLMCall, Reward, Trajectory
+from agl_bridge.convert.records import DropReason, Trajectory
+from agl_bridge.types import AttemptStatus, LLMCall, Reward
 
 _STATUS_DROPS = {
     AttemptStatus.FAILED: DropReason.FAILED,

@@ -353,11 +353,3 @@ def build_tiny_model(
     """
     spec = TinyModelSpec(hidden=hidden, layers=layers, vocab=vocab, seed=seed, initializer_range=initializer_range)
     return build_tiny(out_dir, spec).path
-
-
-def read_marker(model_dir: str | os.PathLike[str]) -> dict | None:
-    """The parsed marker of a tiny build in ``model_dir``, or None if it is not one."""
-    marker = Path(model_dir) / MARKER_FILENAME
-    if not marker.is_file():
-        return None
-    return json.loads(marker.read_text(encoding="utf-8"))

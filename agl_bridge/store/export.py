@@ -1,6 +1,6 @@
-"""Export a store's LLM calls and rewards as JSON Lines (or its trajectories), streamed in bounded memory.
+"""Export a store's LLM calls and rewards as JSON Lines, streamed in bounded memory (`--what calls`).
 
-`--what calls` (this module): one JSON object per line. Every line has a `kind`:
+One JSON object per line. Every line has a `kind`:
   - `"llm_call"`: every field of an `LLMCall` (its own kind is `call_kind`, "token" or "text"),
     `usage` as `{"input_tokens", "output_tokens"}` or null;
   - `"reward"`: every field of a `Reward`.
@@ -17,31 +17,23 @@ the very same float64 (bit for bit, -0.0 included). A logprob of -inf (which the
 written as `-Infinity`, the JSON extension Python's `json` reads and writes; strict JSON parsers
 reject it. Strings are ASCII-escaped, so the file is valid UTF-8 whatever the text holds.
 
-`--what trajectories`: the converter's trajectories, as JSON Lines or Parquet (the converter does
-the work, `agl_bridge.convert.export`; schema: docs/trajectories.md).
-
-Every export is written to a temporary file next to the target (mode 0600, like the store: prompts
-may be private) and renamed over it only once complete, so a failed export leaves no partial file.
+The file is written atomically (`agl_bridge.export_files.atomic_output`). The trajectories export
+is the converter's (`agl_bridge.convert.export`); `agl_bridge.export` maps `--what` to either.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
+from agl_bridge.export_files import ExportCounts, atomic_output, closing_stream
 from agl_bridge.store.base import Store
 from agl_bridge.store.errors import RolloutNotFoundError, StoreError
 from agl_bridge.store.sqlite import SQLiteStore
-from agl_bridge.types import ConversionReport, LLMCall, Reward, Usage
-
-if TYPE_CHECKING:
-    from agl_bridge.convert.policy import ConvertOptions
+from agl_bridge.types import LLMCall, Reward, Usage
 
 LLM_CALL_KIND = "llm_call"
 """`kind` of an exported LLM call record."""
@@ -50,36 +42,8 @@ REWARD_KIND = "reward"
 """`kind` of an exported reward record."""
 
 
-class ExportWhat(str, enum.Enum):
-    """What `agl-bridge export --what` writes; a new export format is one more member here."""
-
-    CALLS = "calls"
-    TRAJECTORIES = "trajectories"
-
-
-class ExportFormat(str, enum.Enum):
-    """The file format of an export (`--format`): calls are JSON Lines only; trajectories either."""
-
-    JSONL = "jsonl"
-    PARQUET = "parquet"
-
-
 class NoStoreError(StoreError):
     """The path given as a store is missing, empty or a directory (nothing was created there)."""
-
-
-class ExportOutputError(StoreError):
-    """The export file cannot be written (missing or read-only directory, a directory in the way, disk full)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ExportCounts:
-    """How many records an export wrote (a trajectories export: `calls` trained on, its report)."""
-
-    calls: int
-    rewards: int
-    trajectories: int = 0
-    report: ConversionReport | None = None
 
 
 def check_store_file(path: str | os.PathLike[str]) -> Path:
@@ -166,24 +130,6 @@ def record_from_json(record: dict[str, Any]) -> LLMCall | Reward:
     raise ValueError(f"export record kind must be {LLM_CALL_KIND!r} or {REWARD_KIND!r}, got {kind!r}")
 
 
-T = TypeVar("T")
-
-
-@asynccontextmanager
-async def closing_stream(stream: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
-    """Yield `stream`, then close it (if it is an async generator) even when left early.
-
-    A store stream abandoned mid-way would otherwise be finalised whenever the garbage collector
-    gets to it, possibly after its store was closed.
-    """
-    try:
-        yield stream
-    finally:
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-
 def _call_key(call: LLMCall) -> tuple[str, str, int, int, int]:
     # Mirrors the store's ordering index ('' for "none"; Python str order is code-point order, as
     # is SQLite's byte order on UTF-8); calls sort before a reward of the same sequence.
@@ -245,20 +191,13 @@ async def export_calls(
     out: str | os.PathLike[str],
     *,
     rollout_id: str | None = None,
-    file_format: ExportFormat | str = ExportFormat.JSONL,
-    options: ConvertOptions | None = None,
 ) -> ExportCounts:
     """Write every LLM call and reward (or one rollout's) to `out` as JSON Lines; return the counts.
 
     Streams: memory stays bounded by the store's read page size whatever the store holds.
     Raises RolloutNotFoundError for a rollout id the store knows nothing about, and
-    ExportOutputError (before reading anything) when `out` cannot be written. `file_format` must
-    be JSON Lines and `options` None (they are for trajectories); ValueError otherwise.
+    ExportOutputError (before reading anything) when `out` cannot be written.
     """
-    if ExportFormat(file_format) is not ExportFormat.JSONL:
-        raise ValueError("calls are exported as JSON Lines only; use format jsonl (Parquet is for trajectories)")
-    if options is not None:
-        raise ValueError("conversion options apply to the trajectories export only, not to calls")
     if rollout_id is not None and not await rollout_has_records(store, rollout_id):
         raise RolloutNotFoundError(rollout_id)
     calls = rewards = 0
@@ -273,78 +212,3 @@ async def export_calls(
                     rewards += 1
                 handle.write("\n")
     return ExportCounts(calls=calls, rewards=rewards)
-
-
-async def export_trajectories(
-    store: Store,
-    out: str | os.PathLike[str],
-    *,
-    rollout_id: str | None = None,
-    file_format: ExportFormat | str = ExportFormat.JSONL,
-    options: ConvertOptions | None = None,
-) -> ExportCounts:
-    """Convert the store's (or one rollout's) attempts to trajectories and write them to `out`.
-
-    See `agl_bridge.convert.export.export_trajectories`; imported on use because the converter
-    sits above the store and imports it.
-    """
-    from agl_bridge.convert.export import export_trajectories as convert_and_export
-
-    return await convert_and_export(store, out, rollout_id=rollout_id, file_format=file_format, options=options)
-
-
-Exporter = Callable[..., Awaitable[ExportCounts]]
-"""`exporter(store, out, *, rollout_id=None, file_format=JSONL, options=None)`: writes one export.
-
-Returns what it wrote. `options` (a `ConvertOptions`) is for the trajectories export only.
-"""
-
-EXPORTERS: dict[ExportWhat, Exporter] = {
-    ExportWhat.CALLS: export_calls,
-    ExportWhat.TRAJECTORIES: export_trajectories,
-}
-"""The function behind each `--what` value."""
-
-
-@contextmanager
-def atomic_output(out: str | os.PathLike[str], *, binary: bool = False) -> Iterator[IO[Any]]:
-    """Yield a handle on a private temporary file that replaces `out` only if the block completes.
-
-    The file is fsynced before the rename. ExportOutputError (one line, naming `out`) when it
-    cannot be created or written; on any error the temporary file is removed and `out` is left
-    as it was.
-    """
-    target = Path(out)
-    temporary, handle = _open_temporary(target, binary=binary)
-    try:
-        with handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except OSError as exc:
-        raise ExportOutputError(
-            f"could not write {target}: {exc.strerror or exc}; free disk space or write somewhere else"
-        ) from None
-    finally:
-        temporary.unlink(missing_ok=True)  # a no-op after the rename
-
-
-def _open_temporary(target: Path, *, binary: bool = False) -> tuple[Path, IO[Any]]:
-    """Create the hidden temporary file the export is written into, checking `target` first."""
-    parent = target.parent
-    if target.is_dir():
-        raise ExportOutputError(f"{target} is a directory; give a file path such as {target / 'calls.jsonl'}")
-    if not parent.is_dir():
-        what = "is not a directory" if parent.exists() else "does not exist"
-        raise ExportOutputError(f"cannot write {target}: {parent} {what}; create the directory first")
-    temporary = parent / f".{target.name}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    except OSError as exc:
-        raise ExportOutputError(
-            f"cannot write {target}: {exc.strerror or exc} in {parent}; write somewhere you have write access"
-        ) from None
-    if binary:
-        return temporary, os.fdopen(fd, "wb")
-    return temporary, os.fdopen(fd, "w", encoding="utf-8", newline="\n")

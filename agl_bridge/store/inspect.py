@@ -23,9 +23,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from agl_bridge.export_files import closing_stream
 from agl_bridge.store.base import Store
 from agl_bridge.store.errors import RolloutNotFoundError
-from agl_bridge.store.export import LLM_CALL_KIND, REWARD_KIND, closing_stream, merge_in_sequence
+from agl_bridge.store.export import LLM_CALL_KIND, REWARD_KIND, merge_in_sequence
 from agl_bridge.types import Attempt, LLMCall, Reward, Rollout
 
 PREVIEW_CHARS = 60

@@ -40,7 +40,7 @@ from typing import Any
 
 import aiosqlite
 
-from agl_bridge import __version__
+from agl_bridge._version import __version__
 from agl_bridge.store import sqlite_rollouts
 from agl_bridge.store.base import group_rollout_records
 from agl_bridge.store.codec import encode_json

@@ -96,11 +96,6 @@ def rollout_context(
         _CURRENT.reset(token)
 
 
-def context_rollout() -> RolloutContext | None:
-    """The rollout set by the innermost active `rollout_context` block, ignoring the environment."""
-    return _CURRENT.get()
-
-
 def env_rollout() -> RolloutContext | None:
     """The rollout described by `AGL_ROLLOUT_ID` and friends, or None when that variable is unset.
 

@@ -34,7 +34,8 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
-from agl_bridge import __version__, semconv
+from agl_bridge import semconv
+from agl_bridge._version import __version__
 from agl_bridge.tracing.context import RolloutContext, current_rollout, env_api_key, env_endpoint
 from agl_bridge.tracing.sinks import RemoteSink, RewardDeliveryError, RewardSink
 from agl_bridge.types import DEFAULT_REWARD_NAME, finite_real

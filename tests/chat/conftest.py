@@ -8,22 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from shared_helpers import byte_level_alphabet, one_id_per_byte
 
 from agl_bridge.chat import ChatCodec, TokenCache
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map, which byte-level BPE vocabularies are written in."""
-    printable = [range(ord("!"), ord("~") + 1), range(ord("¡"), ord("¬") + 1), range(ord("®"), ord("ÿ") + 1)]
-    bs = [b for r in printable for b in r]
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs), strict=True))
 
 
 class TokenTools:
@@ -31,7 +18,7 @@ class TokenTools:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.byte_to_char = _bytes_to_unicode()
+        self.byte_to_char = byte_level_alphabet()
         self.char_to_byte = {c: b for b, c in self.byte_to_char.items()}
         self.added_ids = set(tokenizer.get_added_vocab().values())
         self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -48,7 +35,7 @@ class TokenTools:
 
     def byte_ids(self, text: str) -> list[int]:
         """One id per UTF-8 byte of `text` (the least merged spelling a sampler can produce)."""
-        return [self.tokenizer.convert_tokens_to_ids(self.byte_to_char[b]) for b in text.encode("utf-8")]
+        return one_id_per_byte(self.tokenizer, text)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a (non-added) token stands for."""

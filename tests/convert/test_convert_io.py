@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from pathlib import Path
 
 import pytest
 from convert_helpers import call, reward
+from shared_helpers import float_bits
 
 from agl_bridge.convert import (
     ConvertOptions,
@@ -55,12 +55,12 @@ def sample_trajectories() -> list[Trajectory]:
 
 def bits(trajectories: list[Trajectory]) -> list[bytes]:
     """Every logprob's exact bit pattern (== treats -0.0 and 0.0 alike)."""
-    return [
-        struct.pack("<d", value)
+    return float_bits(
+        value
         for t in trajectories
         for s in t.segments
         for value in (*s.sampler_logprobs, t.reward, *t.rewards.values())
-    ]
+    )
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])

@@ -14,7 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from proxy_helpers import AGL_BRIDGE, ServeProcess, cli_env
+from proxy_helpers import ServeProcess
+from shared_helpers import AGL_BRIDGE
+
+from agl_bridge.testing.proxy_process import child_env
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +30,7 @@ def serve_process(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env=cli_env(),
+        env=child_env(),
         cwd=folder,
     )
     server = ServeProcess(process, store, folder)

@@ -2,46 +2,33 @@
 
 from __future__ import annotations
 
-import os
 import queue
 import re
 import subprocess
-import sys
 import time
-import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
+from shared_helpers import collect
 
 MODEL = "tiny"
 USER = [{"role": "user", "content": "Say something."}]
 
 
-def new_id(prefix: str) -> str:
-    """A rollout/attempt id no other test uses (the server and its store are shared by the session)."""
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-async def _collect(items: AsyncIterator[T]) -> list[T]:
-    return [item async for item in items]
-
-
 def stored_calls(server: Any, rollout_id: str, attempt_id: str | None = None) -> list[Any]:
     """The LLM calls the proxy's store holds for a rollout (attempt), in sequence order."""
-    return server.run_coroutine(_collect(server.store.iter_llm_calls(rollout_id, attempt_id)))
+    return server.run_coroutine(collect(server.store.iter_llm_calls(rollout_id, attempt_id)))
 
 
 def all_calls(server: Any) -> list[Any]:
     """Every LLM call in the store, those outside rollouts included."""
-    return server.run_coroutine(_collect(server.store.iter_all_calls()))
+    return server.run_coroutine(collect(server.store.iter_all_calls()))
 
 
 def stored_rewards(server: Any, rollout_id: str, attempt_id: str | None = None) -> list[Any]:
     """The rewards the store holds for a rollout (attempt), in sequence order."""
-    return server.run_coroutine(_collect(server.store.iter_rewards(rollout_id, attempt_id)))
+    return server.run_coroutine(collect(server.store.iter_rewards(rollout_id, attempt_id)))
 
 
 def auth(server: Any) -> dict[str, str]:
@@ -60,7 +47,6 @@ def strip_end_of_turn(tokenizer: Any, ids: list[int]) -> list[int]:
     return ids[:-1] if ids and ids[-1] in ends else ids
 
 
-AGL_BRIDGE = str(Path(sys.executable).with_name("agl-bridge"))
 START_TIMEOUT_S = 180
 
 
@@ -93,11 +79,3 @@ class ServeProcess:
         raise AssertionError(
             f"`agl-bridge serve` never printed {pattern.pattern!r}; stderr so far:\n" + "".join(self.seen)
         )
-
-
-def cli_env() -> dict[str, str]:
-    """This process's environment without keys or rollout variables a developer's shell may set."""
-    env = dict(os.environ)
-    for name in ("AGL_API_KEY", "OPENAI_API_KEY", "AGL_ROLLOUT_ID", "AGL_ATTEMPT_ID", "AGL_ENDPOINT"):
-        env.pop(name, None)
-    return env

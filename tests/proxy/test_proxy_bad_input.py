@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from proxy_helpers import MODEL, new_id, stored_calls
+from proxy_helpers import MODEL, stored_calls
+from shared_helpers import new_id
 
 GOOD = [{"role": "user", "content": "hi"}]
 

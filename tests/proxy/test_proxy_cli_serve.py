@@ -20,7 +20,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from proxy_helpers import AGL_BRIDGE, ServeProcess, cli_env
+from proxy_helpers import ServeProcess
+from shared_helpers import AGL_BRIDGE
+
+from agl_bridge.testing.proxy_process import child_env
 
 SERVING = re.compile(
     r"agl-bridge is serving '(?P<name>[^']+)' \((?P<path>.+)\) at (?P<url>http://127\.0\.0\.1:(?P<port>\d+)/v1)$"
@@ -110,7 +113,7 @@ def test_serve_prints_url_and_key_answers_and_records_into_the_store(
         [AGL_BRIDGE, "export", "--store", str(server.store), "--what", "calls", "--out", str(out)],
         capture_output=True,
         text=True,
-        env=cli_env(),
+        env=child_env(),
         timeout=120,
     )
     assert exported.returncode == 0, exported.stderr

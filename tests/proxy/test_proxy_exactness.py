@@ -5,36 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import openai
 import pytest
-from proxy_helpers import MODEL, decode, new_id, stored_calls, strip_end_of_turn
-
-
-def _client(server: Any, rollout_id: str) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=server.openai_base_url(rollout_id, "at-1"), api_key=server.api_key, max_retries=0, timeout=60
-    )
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> character map, in which byte-level BPE vocabularies spell single bytes."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    mapping, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            mapping[byte] = chr(byte)
-        else:
-            mapping[byte] = chr(256 + extra)
-            extra += 1
-    return mapping
-
-
-def _one_id_per_byte(tokenizer: Any, text: str) -> list[int]:
-    """`text` spelled one byte per token: multi-byte characters are split across tokens."""
-    table = _bytes_to_unicode()
-    ids = [tokenizer.convert_tokens_to_ids(table[b]) for b in text.encode()]
-    assert all(isinstance(i, int) and i != tokenizer.unk_token_id for i in ids), "a byte missing from the vocabulary"
-    return ids
+from proxy_helpers import MODEL, decode, stored_calls, strip_end_of_turn
+from shared_helpers import new_id, one_id_per_byte, openai_client
 
 
 @pytest.mark.parametrize(
@@ -43,7 +16,7 @@ def _one_id_per_byte(tokenizer: Any, text: str) -> list[int]:
 def test_store_holds_exactly_what_the_sampler_consumed_and_produced(proxy_server: Any, n: int, stream: bool) -> None:
     rid = new_id("exact")
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"[{rid}] hello"}]
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         kwargs = {
             "model": MODEL,
             "messages": messages,
@@ -80,7 +53,7 @@ def test_first_prompt_is_the_chat_template_tokenization(proxy_server: Any, tiny_
         {"role": "assistant", "content": "A reply written by the agent itself."},
         {"role": "user", "content": "and now?"},
     ]
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
     (call,) = stored_calls(proxy_server, rid)
     text = tiny_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -91,7 +64,7 @@ def test_first_prompt_is_the_chat_template_tokenization(proxy_server: Any, tiny_
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_streamed_text_is_the_decoded_response_ids(proxy_server: Any, tiny_tokenizer: Any, seed: int) -> None:
     rid = new_id("decoded")
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         chunks = list(
             client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": f"[{rid}]"}], max_tokens=32, seed=seed, stream=True
@@ -110,9 +83,9 @@ def test_split_characters_stream_whole_and_end_of_turn_is_stripped(
     the <|im_end|> the sampler produced is kept in the ids but not in the text."""
     rid = new_id("bytes")
     im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    ids = [*_one_id_per_byte(tiny_tokenizer, text), im_end]
+    ids = [*one_id_per_byte(tiny_tokenizer, text), im_end]
     proxy_server.sampler.script(rid, ids)
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         chunks = list(
             client.chat.completions.create(
                 model=MODEL,
@@ -141,7 +114,7 @@ def test_an_empty_reply_still_streams_its_token_ids(proxy_server: Any, tiny_toke
     rid = new_id("empty")
     im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
     proxy_server.sampler.script(rid, [im_end])
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         chunks = list(
             client.chat.completions.create(
                 model=MODEL,
@@ -164,7 +137,7 @@ def test_three_turn_conversation_extends_prompt_plus_response_exactly(
 ) -> None:
     rid = new_id("turns")
     messages: list[dict[str, str]] = [{"role": "user", "content": f"[{rid}] first question"}]
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         for turn in range(3):
             # Turn 0 stops by length (cut mid-word, maybe mid-character); turn 1 ends with <|im_end|>.
             if turn == 1:

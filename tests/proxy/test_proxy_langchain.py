@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from proxy_helpers import MODEL, decode, new_id, stored_calls, strip_end_of_turn
+from proxy_helpers import MODEL, decode, stored_calls, strip_end_of_turn
+from shared_helpers import new_id
 
 langchain_openai = pytest.importorskip("langchain_openai")
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402

@@ -6,21 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import openai
 import pytest
-from proxy_helpers import MODEL, decode, new_id, stored_calls, strip_end_of_turn
-
-
-def _client(server: Any, rollout_id: str, attempt_id: str = "at-1") -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=server.openai_base_url(rollout_id, attempt_id), api_key=server.api_key, max_retries=0, timeout=60
-    )
-
-
-def _async_client(server: Any, rollout_id: str, attempt_id: str = "at-1") -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
-        base_url=server.openai_base_url(rollout_id, attempt_id), api_key=server.api_key, max_retries=0, timeout=60
-    )
+from proxy_helpers import MODEL, decode, stored_calls, strip_end_of_turn
+from shared_helpers import async_openai_client, new_id, openai_client
 
 
 def _ask(rollout_id: str, text: str = "tell me a story") -> list[dict[str, str]]:
@@ -37,7 +25,7 @@ def _served_params(server: Any, prompt_ids: list[int]) -> Any:
 
 def test_sync_client_returns_the_recorded_call_with_vllm_token_ids(proxy_server: Any, tiny_tokenizer: Any) -> None:
     rid = new_id("sync")
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         response = client.chat.completions.create(
             model=MODEL, messages=_ask(rid), max_tokens=12, seed=3, extra_body={"return_token_ids": True}
         )
@@ -56,7 +44,7 @@ def test_sync_client_returns_the_recorded_call_with_vllm_token_ids(proxy_server:
 
 def test_without_return_token_ids_the_response_is_plain_openai(proxy_server: Any) -> None:
     rid = new_id("plain")
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         response = client.chat.completions.create(model=MODEL, messages=_ask(rid), max_tokens=4)
     assert "prompt_token_ids" not in (response.model_extra or {})
     assert "token_ids" not in (response.choices[0].model_extra or {})
@@ -65,7 +53,7 @@ def test_without_return_token_ids_the_response_is_plain_openai(proxy_server: Any
 
 async def test_async_client_concurrent_calls_each_match_their_record(proxy_server: Any) -> None:
     rid = new_id("async")
-    async with _async_client(proxy_server, rid) as client:
+    async with async_openai_client(proxy_server, rid) as client:
         responses = await asyncio.gather(
             *(
                 client.chat.completions.create(
@@ -105,7 +93,7 @@ def _check_stream(chunks: list[Any], calls: list[Any], tokenizer: Any, n: int) -
 
 def test_sync_streaming_deltas_and_token_ids_match_the_record(proxy_server: Any, tiny_tokenizer: Any) -> None:
     rid = new_id("stream")
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         stream = client.chat.completions.create(
             model=MODEL,
             messages=_ask(rid),
@@ -126,7 +114,7 @@ def test_sync_streaming_deltas_and_token_ids_match_the_record(proxy_server: Any,
 
 async def test_async_streaming_with_two_choices(proxy_server: Any, tiny_tokenizer: Any) -> None:
     rid = new_id("astream")
-    async with _async_client(proxy_server, rid) as client:
+    async with async_openai_client(proxy_server, rid) as client:
         stream = await client.chat.completions.create(
             model=MODEL, messages=_ask(rid), max_tokens=10, n=2, stream=True, extra_body={"return_token_ids": True}
         )
@@ -146,7 +134,7 @@ def test_streaming_with_two_choices_gives_each_its_own_finish_reason(proxy_serve
     long = tiny_tokenizer.encode("one two three four five six seven eight nine ten", add_special_tokens=False)
     short = tiny_tokenizer.encode("done<|im_end|>", add_special_tokens=False)
     proxy_server.sampler.script(rid, [long, short])  # choice 0 runs out of tokens, choice 1 stops
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         chunks = list(client.chat.completions.create(model=MODEL, messages=_ask(rid), max_tokens=5, n=2, stream=True))
     recorded = {c.choice_index: c.finish_reason for c in stored_calls(proxy_server, rid)}
     assert recorded == {0: "length", 1: "stop"}
@@ -160,7 +148,7 @@ def test_streaming_with_two_choices_gives_each_its_own_finish_reason(proxy_serve
 
 def test_n_2_gives_two_choices_recorded_under_one_sequence(proxy_server: Any) -> None:
     rid = new_id("n2")
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         response = client.chat.completions.create(
             model=MODEL, messages=_ask(rid), max_tokens=8, n=2, extra_body={"return_token_ids": True}
         )
@@ -180,7 +168,7 @@ def test_logprobs_are_the_recorded_sampler_logprobs_with_top_alternatives(
     proxy_server: Any, tiny_tokenizer: Any
 ) -> None:
     rid = new_id("logprobs")
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         response = client.chat.completions.create(
             model=MODEL, messages=_ask(rid), max_tokens=8, logprobs=True, top_logprobs=3
         )
@@ -203,7 +191,7 @@ def test_logprobs_are_the_recorded_sampler_logprobs_with_top_alternatives(
 
 def test_streamed_logprobs_are_the_recorded_sampler_logprobs(proxy_server: Any) -> None:
     rid = new_id("streamlp")
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         chunks = list(
             client.chat.completions.create(model=MODEL, messages=_ask(rid), max_tokens=8, logprobs=True, stream=True)
         )
@@ -218,7 +206,7 @@ def test_streamed_top_logprobs_are_filled_and_match_the_plain_response(proxy_ser
     # Alternatives are scored once sampling has ended, so such a stream sends its content in the last chunk.
     rid = new_id("streamtop")
     request = {"model": MODEL, "messages": _ask(rid), "max_tokens": 4, "logprobs": True, "top_logprobs": 2, "seed": 5}
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         chunks = list(client.chat.completions.create(**request, stream=True))
         plain = client.chat.completions.create(**request)
     (call, _) = stored_calls(proxy_server, rid)
@@ -234,7 +222,7 @@ def test_streamed_top_logprobs_are_filled_and_match_the_plain_response(proxy_ser
 
 def test_logprobs_false_gives_none(proxy_server: Any) -> None:
     rid = new_id("nologprobs")
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         response = client.chat.completions.create(model=MODEL, messages=_ask(rid), max_tokens=3)
     assert response.choices[0].logprobs is None
 
@@ -242,7 +230,7 @@ def test_logprobs_false_gives_none(proxy_server: Any) -> None:
 def test_stop_string_cuts_the_text_and_stops_sampling(proxy_server: Any, tiny_tokenizer: Any) -> None:
     rid = new_id("stop")
     messages = _ask(rid)
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         free = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, seed=11)
         text = free.choices[0].message.content
         words = text.split()
@@ -267,7 +255,7 @@ def test_stop_string_cuts_the_text_and_stops_sampling(proxy_server: Any, tiny_to
 def test_stop_string_in_a_stream_is_never_sent(proxy_server: Any) -> None:
     rid = new_id("stopstream")
     messages = _ask(rid)
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         text = (
             client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, seed=5)
             .choices[0]
@@ -286,7 +274,7 @@ def test_stop_string_in_a_stream_is_never_sent(proxy_server: Any) -> None:
 
 def test_same_seed_same_text_other_seed_other_text(proxy_server: Any) -> None:
     rid = new_id("seed")
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         runs = [
             client.chat.completions.create(model=MODEL, messages=_ask(rid), max_tokens=16, seed=seed)
             for seed in (7, 7, 8)
@@ -303,7 +291,7 @@ def test_same_seed_same_text_other_seed_other_text(proxy_server: Any) -> None:
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 def test_max_tokens_bounds_the_response(proxy_server: Any, field: str) -> None:
     rid = new_id("maxtok")
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         response = client.chat.completions.create(
             model=MODEL, messages=_ask(rid), seed=1, extra_body={"return_token_ids": True}, **{field: 3}
         )
@@ -317,7 +305,7 @@ def test_max_tokens_bounds_the_response(proxy_server: Any, field: str) -> None:
 
 def test_temperature_zero_is_greedy_and_repeatable(proxy_server: Any) -> None:
     rid = new_id("greedy")
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         runs = [
             client.chat.completions.create(
                 model=MODEL, messages=_ask(rid), max_tokens=10, temperature=0, logprobs=True, top_logprobs=1
@@ -334,7 +322,7 @@ def test_temperature_zero_is_greedy_and_repeatable(proxy_server: Any) -> None:
 
 def test_tiny_top_p_keeps_only_the_most_likely_token(proxy_server: Any) -> None:
     rid = new_id("topp")
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         greedy = client.chat.completions.create(model=MODEL, messages=_ask(rid), max_tokens=10, temperature=0)
         nucleus = client.chat.completions.create(
             model=MODEL, messages=_ask(rid), max_tokens=10, temperature=1.0, top_p=1e-6, seed=123

@@ -11,24 +11,16 @@ from typing import Any
 
 import openai
 import pytest
-from proxy_helpers import MODEL, new_id, stored_calls, stored_rewards
+from proxy_helpers import MODEL, stored_calls, stored_rewards
+from shared_helpers import ROLLOUT_ENV_VARS, new_id
 
 from agl_bridge import emit_reward, semconv
 from agl_bridge.tracing import emit_reward_async, rollout_context
 
-_ENV = (
-    semconv.ENV_ROLLOUT_ID,
-    semconv.ENV_ATTEMPT_ID,
-    semconv.ENV_ENDPOINT,
-    semconv.ENV_API_KEY,
-    semconv.ENV_OPENAI_API_KEY,
-    semconv.ENV_REWARD_TIMEOUT_S,
-)
-
 
 @pytest.fixture(autouse=True)
 def _no_rollout_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in _ENV:
+    for name in ROLLOUT_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import httpx
 import openai
-from proxy_helpers import MODEL, all_calls, new_id, stored_calls
+from proxy_helpers import MODEL, all_calls, stored_calls
+from shared_helpers import new_id
 
 
 def _ask(text: str) -> list[dict[str, str]]:

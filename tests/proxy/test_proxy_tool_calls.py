@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import openai
 import pytest
-from proxy_helpers import MODEL, new_id, stored_calls
+from proxy_helpers import MODEL, stored_calls
+from shared_helpers import new_id, openai_client
 
 TOOLS = [
     {
@@ -26,12 +26,6 @@ TOOLS = [
     }
 ]
 CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
-
-
-def _client(server: Any, rollout_id: str) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=server.openai_base_url(rollout_id, "at-1"), api_key=server.api_key, max_retries=0, timeout=60
-    )
 
 
 def _script(server: Any, tokenizer: Any, marker: str, text: str, times: int | None = None) -> list[int]:
@@ -47,7 +41,7 @@ def _ask(marker: str) -> list[dict[str, str]]:
 def test_tool_call_is_parsed_from_the_sampled_ids(proxy_server: Any, tiny_tokenizer: Any) -> None:
     rid = new_id("tool")
     ids = _script(proxy_server, tiny_tokenizer, rid, CALL_TEXT)
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         response = client.chat.completions.create(
             model=MODEL, messages=_ask(rid), tools=TOOLS, tool_choice="auto", extra_body={"return_token_ids": True}
         )
@@ -71,7 +65,7 @@ def test_tool_call_is_parsed_from_the_sampled_ids(proxy_server: Any, tiny_tokeni
 def test_required_and_named_tool_choice_are_accepted(proxy_server: Any, tiny_tokenizer: Any, tool_choice: Any) -> None:
     rid = new_id("choice")
     _script(proxy_server, tiny_tokenizer, rid, CALL_TEXT)
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         response = client.chat.completions.create(model=MODEL, messages=_ask(rid), tools=TOOLS, tool_choice=tool_choice)
     assert response.choices[0].message.tool_calls[0].function.name == "get_weather"
 
@@ -79,7 +73,7 @@ def test_required_and_named_tool_choice_are_accepted(proxy_server: Any, tiny_tok
 def test_tool_choice_none_leaves_the_block_as_text(proxy_server: Any, tiny_tokenizer: Any) -> None:
     rid = new_id("nochoice")
     _script(proxy_server, tiny_tokenizer, rid, CALL_TEXT)
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         response = client.chat.completions.create(model=MODEL, messages=_ask(rid), tools=TOOLS, tool_choice="none")
     choice = response.choices[0]
     assert choice.message.tool_calls is None
@@ -91,7 +85,7 @@ def test_a_malformed_block_stays_in_the_content(proxy_server: Any, tiny_tokenize
     rid = new_id("badblock")
     text = "Checking.\n<tool_call>\n{not json}\n</tool_call>"
     _script(proxy_server, tiny_tokenizer, rid, text + "<|im_end|>")
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         response = client.chat.completions.create(model=MODEL, messages=_ask(rid), tools=TOOLS)
     assert response.choices[0].message.tool_calls is None
     assert response.choices[0].message.content == text
@@ -101,7 +95,7 @@ def test_a_malformed_block_stays_in_the_content(proxy_server: Any, tiny_tokenize
 def test_streamed_tool_call_with_content_before_it(proxy_server: Any, tiny_tokenizer: Any) -> None:
     rid = new_id("toolstream")
     ids = _script(proxy_server, tiny_tokenizer, rid, "Let me check.\n" + CALL_TEXT)
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         chunks = list(
             client.chat.completions.create(
                 model=MODEL, messages=_ask(rid), tools=TOOLS, stream=True, extra_body={"return_token_ids": True}
@@ -128,7 +122,7 @@ def test_sending_the_tool_call_back_extends_the_prompt_exactly(
     rid = new_id("roundtrip")
     _script(proxy_server, tiny_tokenizer, rid, "Let me check.\n" + CALL_TEXT, times=1)
     messages: list[Any] = _ask(rid)
-    with _client(proxy_server, rid) as client:
+    with openai_client(proxy_server, rid) as client:
         if stream_first_turn:
             chunks = [
                 c.choices[0]

@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from reliability_helpers import ProxyProcess, start_proxy
+
+from agl_bridge.testing.proxy_process import ProxyProcess, start_proxy
 
 
 @pytest.fixture

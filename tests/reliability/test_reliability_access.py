@@ -20,10 +20,11 @@ from typing import Any
 
 import httpx
 import pytest
-from reliability_helpers import child_env, openai_error_problem
 
 from agl_bridge.proxy.gateway import OPEN_PATHS, Gateway
 from agl_bridge.proxy.server import ProxyStartError, choose_api_key, is_loopback
+from agl_bridge.testing.checks import openai_error_problem
+from agl_bridge.testing.proxy_process import child_env
 
 AGL_BRIDGE = str(Path(sys.executable).with_name("agl-bridge"))
 

@@ -16,11 +16,12 @@ from typing import Any
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
-from reliability_fuzz import FuzzRequest, check_answer, requests, send
-from reliability_helpers import new_id, openai_error_problem, query
+from shared_helpers import new_id, query
 
 from agl_bridge.runner import AgentResultError, rewards_of
 from agl_bridge.runner.command import AgentCommandError, parse_reward_lines
+from agl_bridge.testing.checks import openai_error_problem
+from agl_bridge.testing.fuzz import FuzzRequest, check_answer, requests, send
 from agl_bridge.tracing import emit_reward
 from agl_bridge.train.config import ConfigError, load_config
 

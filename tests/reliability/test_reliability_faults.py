@@ -20,11 +20,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from reliability_helpers import ProxyProcess, integrity, new_id, openai_error_problem, query
+from shared_helpers import new_id, query
 
 from agl_bridge.convert import convert_store
 from agl_bridge.runner import RetryPolicy, Runner, RunnerConfig
 from agl_bridge.store import SQLiteStore
+from agl_bridge.testing.checks import integrity, openai_error_problem
+from agl_bridge.testing.proxy_process import ProxyProcess
 from agl_bridge.types import AttemptStatus, RolloutStatus
 
 pytestmark = pytest.mark.slow

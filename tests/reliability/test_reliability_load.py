@@ -11,8 +11,9 @@ import asyncio
 from typing import Any
 
 import pytest
-from reliability_helpers import integrity
-from reliability_load import run_load
+
+from agl_bridge.testing.checks import integrity
+from agl_bridge.testing.load import run_load
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-from reliability_helpers import REPO, child_env, integrity, query
+from shared_helpers import REPO, query
 
+from agl_bridge.testing.checks import integrity
+from agl_bridge.testing.proxy_process import child_env
 from agl_bridge.train.grpo import TaskSchedule
 
 pytestmark = pytest.mark.slow

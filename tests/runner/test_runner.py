@@ -20,17 +20,10 @@ from agl_bridge.runner import (
     parse_reward_lines,
     rewards_of,
 )
-from agl_bridge.store.sqlite import SQLiteStore
 from agl_bridge.tracing import current_rollout
 from agl_bridge.types import AttemptStatus, RolloutStatus
 
 SERVER = "http://127.0.0.1:9"  # never contacted by these agents
-
-
-@pytest.fixture
-async def store(tmp_path: Path):
-    async with SQLiteStore(tmp_path / "store.sqlite") as opened:
-        yield opened
 
 
 def _runner(agent, store, **config) -> Runner:

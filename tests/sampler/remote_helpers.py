@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import queue
 import re
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,26 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from shared_helpers import AGL_BRIDGE, free_port
 
-AGL_BRIDGE = str(Path(sys.executable).with_name("agl-bridge"))
+from agl_bridge.testing.proxy_process import child_env
+
 KEY = "sk-agl-remote-tests"
 _SERVING = re.compile(r"serving '[^']+' \(.*\) at (?P<url>http://127\.0\.0\.1:\d+)/v1")
-
-
-def serve_env() -> dict[str, str]:
-    """The test environment without keys a developer's shell may set; offline switches on."""
-    env = dict(os.environ)
-    for name in (
-        "AGL_API_KEY",
-        "OPENAI_API_KEY",
-        "AGL_SAMPLER_API_KEY",
-        "AGL_ROLLOUT_ID",
-        "AGL_ATTEMPT_ID",
-        "AGL_ENDPOINT",
-    ):
-        env.pop(name, None)
-    env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    return env
 
 
 class ServeSubprocess:
@@ -70,7 +53,7 @@ class ServeSubprocess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env=serve_env(),
+            env=child_env(),
             cwd=store.parent,
         )
         assert self.process.stderr is not None
@@ -116,13 +99,6 @@ def serving(model_dir: Path, store: Path, *extra: str) -> Iterator[ServeSubproce
         yield server
     finally:
         server.stop()
-
-
-def free_port() -> int:
-    """A port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

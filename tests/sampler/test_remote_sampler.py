@@ -12,7 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from remote_helpers import KEY, FakeServer, free_port
+from remote_helpers import KEY, FakeServer
+from shared_helpers import free_port
 
 from agl_bridge.sampler.affinity import sampling_affinity
 from agl_bridge.sampler.base import SamplingParams

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from remote_helpers import KEY, serve_env, serving
+from remote_helpers import KEY, serving
+
+from agl_bridge.testing.proxy_process import child_env
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +64,7 @@ def test_grpo_with_a_remote_sampler_syncs_every_step_by_version(
         capture_output=True,
         text=True,
         timeout=400,
-        env={**serve_env(), "COLUMNS": "200"},
+        env={**child_env(), "COLUMNS": "200"},
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -12,11 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from shared_helpers import REPO
 
 from agl_bridge.store import SQLiteStore, StoreWriteError
 from agl_bridge.types import LLMCall
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def count_rows(path: Path, table: str = "llm_calls") -> int:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 import random
-import struct
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from shared_helpers import collect, float_bits
 
 from agl_bridge.store import DuplicateRecordError, SQLiteStore, Store, StoreClosedError
 from agl_bridge.types import LLMCall, Reward, Usage
@@ -25,15 +25,6 @@ TRICKY_LOGPROBS = [
     -math.inf,
     -2.220446049250313e-16,
 ]
-
-
-def bits(values: list[float]) -> list[bytes]:
-    """The exact IEEE-754 bit patterns, so -0.0 and 0.0 differ and nothing is compared loosely."""
-    return [struct.pack("<d", v) for v in values]
-
-
-async def collect(iterator) -> list:
-    return [item async for item in iterator]
 
 
 def test_sqlite_store_implements_the_store_protocol(tmp_path: Path) -> None:
@@ -63,7 +54,7 @@ async def test_llm_call_round_trips_every_field_exactly(store: SQLiteStore) -> N
     )
     sequence = await store.add_llm_call(call)
     [stored] = await collect(store.iter_llm_calls("ro-1", "at-1"))
-    assert bits(stored.response_logprobs) == bits(TRICKY_LOGPROBS)
+    assert float_bits(stored.response_logprobs) == float_bits(TRICKY_LOGPROBS)
     assert stored.policy_version == 3
     call.sequence = sequence
     assert stored == call

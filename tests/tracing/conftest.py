@@ -1,25 +1,19 @@
-"""Fixtures for the tracing tests: a clean rollout environment, a store, and live OTLP receivers."""
+"""Fixtures for the tracing tests: a clean rollout environment and live OTLP receivers (`store`: tests/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from fastapi.params import Depends
+from shared_helpers import ROLLOUT_ENV_VARS
 from tracing_helpers import CapturingSink, ReceiverServer
 
-from agl_bridge import semconv
-from agl_bridge.store import SQLiteStore
 from agl_bridge.tracing import set_reward_sink
 
 ENV_VARS = (
-    semconv.ENV_ROLLOUT_ID,
-    semconv.ENV_ATTEMPT_ID,
-    semconv.ENV_ENDPOINT,
-    semconv.ENV_API_KEY,
-    semconv.ENV_OPENAI_API_KEY,
-    semconv.ENV_REWARD_TIMEOUT_S,
+    *ROLLOUT_ENV_VARS,
     "OTEL_RESOURCE_ATTRIBUTES",
     "OTEL_EXPORTER_OTLP_HEADERS",
     "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
@@ -34,13 +28,6 @@ def clean_rollout_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     previous = set_reward_sink(None)
     yield
     set_reward_sink(previous)
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
-    """An open store on the test's event loop."""
-    async with SQLiteStore(tmp_path / "store.db") as opened:
-        yield opened
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from tracing_helpers import CapturingSink, ReceiverServer, collect
+from shared_helpers import collect
+from tracing_helpers import CapturingSink, ReceiverServer
 
 from agl_bridge import emit_reward, semconv
 from agl_bridge.tracing import AttributeStampingSpanProcessor, configure_agent_tracing, rollout_context

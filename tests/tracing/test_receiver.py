@@ -14,7 +14,8 @@ import pytest
 from fastapi import Depends, FastAPI, HTTPException, Request
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-from tracing_helpers import as_otlp_json, collect, sdk_spans
+from shared_helpers import collect
+from tracing_helpers import as_otlp_json, sdk_spans
 
 from agl_bridge.store import SQLiteStore
 from agl_bridge.tracing import make_traces_router

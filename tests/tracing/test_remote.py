@@ -14,17 +14,15 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi import Depends, HTTPException, Request
-from tracing_helpers import ReceiverServer, collect, free_port
+from shared_helpers import REPO, collect, free_port
+from tracing_helpers import ReceiverServer
 
 from agl_bridge import emit_reward, emit_reward_async, semconv
 from agl_bridge.tracing import RewardDeliveryError, rollout_context
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

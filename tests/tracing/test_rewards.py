@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tracing_helpers import CapturingSink, collect
+from shared_helpers import collect
+from tracing_helpers import CapturingSink
 
 from agl_bridge import emit_reward, emit_reward_async, semconv
 from agl_bridge.store import SQLiteStore

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tracing_helpers import collect
+from shared_helpers import collect
 
 from agl_bridge.store import SQLiteStore, Store
 from agl_bridge.types import LLMCall, Reward, StoredSpan

@@ -90,18 +90,6 @@ class ReceiverServer:
             yield reader
 
 
-async def collect(iterator: Any) -> list[Any]:
-    """All items of an async iterator."""
-    return [item async for item in iterator]
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound and released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def sdk_spans(resource: dict[str, Any] | None = None) -> list[ReadableSpan]:
     """A tool span (child, client kind, error status, varied attributes) and a reward span."""
     exporter = InMemorySpanExporter()

@@ -16,8 +16,15 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from hypothesis import strategies as st
-from reliability_helpers import openai_error_problem
+
+from agl_bridge.testing.checks import openai_error_problem
+
+try:
+    from hypothesis import strategies as st
+except ImportError as exc:  # a dev dependency, not installed with the package
+    raise ImportError(
+        f"agl_bridge.testing.fuzz needs hypothesis ({exc}); install the dev extra: pip install 'agl-bridge[dev]'"
+    ) from exc
 
 MODEL = "tiny"
 _SMALL_TOKENS = st.sampled_from([1, 2, 3])  # valid max_tokens stay small: generation is not what is tested

@@ -138,7 +138,7 @@ async def run_load(
                     if m.get("role") == "user"
                 )
             )
-            sequences = [c.sequence for c in stored]
+            sequences = [-1 if c.sequence is None else c.sequence for c in stored]  # stored calls always have one
             report.out_of_order += sequences != sorted(set(sequences))
             # The k-th call (in store order) must be the one that sent k+1 user turns.
             report.out_of_order += sum(

@@ -1,4 +1,4 @@
-"""A proxy for the reliability tests and benchmarks, run as a subprocess: `python serve_subprocess.py ...`.
+"""A proxy for the reliability tests and benchmarks, run as a subprocess: `python -m agl_bridge.testing.serve ...`.
 
 `--sampler instant` answers at once (the pure-overhead case); `--sampler slow` streams `--tokens`
 tokens one every `--token-delay` seconds, so a test can kill the process while a stream is open;

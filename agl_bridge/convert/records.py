@@ -1,0 +1,205 @@
+"""What the converter makes of a stored attempt: trajectories, their segments, and the conversion report.
+
+A `Trajectory` is one succeeded attempt ready to train on; each `TrajectorySegment` is one token
+sequence (a datum) with its loss mask, sampler logprobs and policy versions; `SegmentCall` says
+where each merged LLM call sits in it. `ConversionReport` counts what a conversion converted,
+dropped (`DropReason`) and split (`SplitKind`). The schema on disk: docs/trajectories.md.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from agl_bridge.types import check_count, check_id, finite_real
+
+
+class DropReason(str, enum.Enum):
+    """Why an attempt produced no trajectory; the keys of `ConversionReport.dropped`."""
+
+    FAILED = "failed"
+    """The attempt (or its rollout) failed: never trained on."""
+    TIMED_OUT = "timed_out"
+    """The attempt (or its rollout) timed out: never trained on."""
+    NOT_FINISHED = "not_finished"
+    """The attempt is still running, or its rollout is not final yet (rewards may still arrive)."""
+    MISSING_REWARD = "missing_reward"
+    """No reward was recorded and the policy is `missing_reward="drop"`."""
+    NO_TRAINABLE_CALLS = "no_trainable_calls"
+    """No call of the attempt is a selected token-level call."""
+
+
+class SplitKind(str, enum.Enum):
+    """Why a segment starts a new token sequence instead of continuing an earlier one."""
+
+    NOT_EXTENDING = "not_extending"
+    """The prompt is not the previous prompt + response followed by more tokens."""
+    PREFIX_BREAK = "prefix_break"
+    """As NOT_EXTENDING, and the proxy recorded why (the chat template re-rendered an earlier turn)."""
+    MODEL_CHANGED = "model_changed"
+    """The tokens extend, but another model made the call; a segment holds one model's samples."""
+    CHOICE_BRANCH = "choice_branch"
+    """Choice k > 0 of an n > 1 request: its own branch (only the first choice continues in place)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class SegmentCall:
+    """Where one LLM call sits in a segment: its response is `input_ids[response_start:response_end]`.
+
+    Its prompt is exactly `input_ids[:response_start]` (that is what merging guarantees), so the
+    observation tokens between this call and the one before it in the segment are
+    `input_ids[previous.response_end:response_start]`. `rewards` are the rewards attributed to
+    this call, summed by name.
+    """
+
+    sequence: int
+    choice_index: int
+    response_start: int
+    response_end: int
+    agent_name: str | None = None
+    finish_reason: str | None = None
+    span_id: str | None = None
+    rewards: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # One cheap test for the common case: the converter builds tens of thousands per second.
+        sequence, choice, start, end = self.sequence, self.choice_index, self.response_start, self.response_end
+        if (
+            not (type(sequence) is int and type(choice) is int and type(start) is int and type(end) is int)
+            or min(sequence, choice, start) < 0
+        ):
+            check_count("sequence", self.sequence, optional=False)
+            check_count("choice_index", self.choice_index, optional=False)
+            check_count("response_start", self.response_start, optional=False)
+            check_count("response_end", self.response_end, optional=False)
+        if self.response_end < self.response_start:
+            raise ValueError(
+                f"response_end ({self.response_end}) is before response_start ({self.response_start}) "
+                f"for the call at sequence {self.sequence}"
+            )
+
+
+@dataclass(slots=True, kw_only=True)
+class TrajectorySegment:
+    """One training sequence ("datum"): full token ids with per-token mask, logprobs and versions.
+
+    All four lists have one entry per token. `loss_mask` is 1 on sampled tokens and 0 on prompt
+    and observation tokens; `sampler_logprobs` is the sampler's logprob on sampled tokens and 0.0
+    where the mask is 0 (never NaN: 0 x NaN is NaN, which would poison a masked sum);
+    `policy_versions` is the version that sampled each token, -1 where the mask is 0 (or where the
+    version is unknown). `calls` are the LLM calls merged into it, in order. `split_kind` and
+    `split_reason` say why this segment did not continue an earlier one (None for the first).
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    sampler_logprobs: list[float]
+    policy_versions: list[int]
+    model: str
+    calls: list[SegmentCall]
+    split_kind: SplitKind | None = None
+    split_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        for name in ("loss_mask", "sampler_logprobs", "policy_versions"):
+            length = len(getattr(self, name))
+            if length != n:
+                raise ValueError(
+                    f"segment {name} has {length} entries but input_ids has {n}; every list needs one entry per token"
+                )
+        if not self.calls:
+            raise ValueError("a segment needs at least one call (the one whose tokens it holds)")
+        if self.calls[-1].response_end > n:
+            raise ValueError(
+                f"the last call's response ends at token {self.calls[-1].response_end}, past the segment's {n} tokens"
+            )
+        if self.split_kind is not None:
+            self.split_kind = SplitKind(self.split_kind)
+
+
+@dataclass(slots=True, kw_only=True)
+class Trajectory:
+    """What one succeeded attempt trains on: its segments plus the rewards that score them.
+
+    `rewards` sums every reward of the attempt by name; `reward` is the return, the weighted sum
+    of `rewards` (see `ConvertOptions.reward_weights`). `unattached_rewards` are the part of
+    `rewards` attributed to no call (emitted before the first trainable call, or recorded for the
+    rollout outside any attempt). `missing_reward` is True when no reward was recorded and the
+    policy `missing_reward="zero"` gave it a return of 0.0. GRPO groups trajectories by
+    `group_id` (the rollouts of one task in one step).
+    """
+
+    rollout_id: str
+    attempt_id: str
+    group_id: str | None = None
+    task: Any = None
+    reward: float
+    rewards: dict[str, float] = field(default_factory=dict)
+    unattached_rewards: dict[str, float] = field(default_factory=dict)
+    missing_reward: bool = False
+    segments: list[TrajectorySegment]
+
+    def __post_init__(self) -> None:
+        check_id("rollout_id", self.rollout_id, optional=False)
+        check_id("attempt_id", self.attempt_id, optional=False)
+        check_id("group_id", self.group_id, optional=True)
+        self.reward = finite_real("trajectory reward", self.reward)
+        if not self.segments:
+            raise ValueError(
+                f"trajectory of rollout {self.rollout_id!r} attempt {self.attempt_id!r} has no segments; "
+                "an attempt with nothing to train on is dropped, not converted"
+            )
+
+    @property
+    def num_calls(self) -> int:
+        """LLM calls merged into this trajectory's segments."""
+        return sum(len(segment.calls) for segment in self.segments)
+
+
+@dataclass(slots=True, kw_only=True)
+class ConversionReport:
+    """What a conversion did: attempts converted or dropped (by `DropReason`), segments, splits.
+
+    `calls_not_trained` counts calls by reason: "text" (no token ids), "not_selected" (another
+    model or agent than the options select), "dropped_attempt" (in an attempt that produced no
+    trajectory), "outside_attempt" (a rollout's calls made outside any of its attempts).
+    `rewards_ignored` counts rewards naming an attempt the store has no row for.
+    """
+
+    rollouts_seen: int = 0
+    attempts_seen: int = 0
+    attempts_converted: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    segments: int = 0
+    splits: dict[str, int] = field(default_factory=dict)
+    calls_seen: int = 0
+    calls_trained: int = 0
+    calls_not_trained: dict[str, int] = field(default_factory=dict)
+    rewards_seen: int = 0
+    rewards_ignored: int = 0
+    missing_reward_zeroed: int = 0
+
+    @property
+    def attempts_dropped(self) -> int:
+        """Attempts that produced no trajectory, whatever the reason."""
+        return sum(self.dropped.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict of every count."""
+        return {
+            "rollouts_seen": self.rollouts_seen,
+            "attempts_seen": self.attempts_seen,
+            "attempts_converted": self.attempts_converted,
+            "attempts_dropped": self.attempts_dropped,
+            "dropped": dict(self.dropped),
+            "segments": self.segments,
+            "splits": dict(self.splits),
+            "calls_seen": self.calls_seen,
+            "calls_trained": self.calls_trained,
+            "calls_not_trained": dict(self.calls_not_trained),
+            "rewards_seen": self.rewards_seen,
+            "rewards_ignored": self.rewards_ignored,
+            "missing_reward_zeroed": self.missing_reward_zeroed,
+        }

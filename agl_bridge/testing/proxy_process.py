@@ -1,0 +1,119 @@
+"""A proxy in a subprocess (`python -m agl_bridge.testing.serve`) for tests and benchmarks that kill or freeze one.
+
+LiteLLM's proxy is one per process, so a proxy that must die without taking the test run with it
+runs in a subprocess; callers always stop it in a `finally` (see `ProxyProcess`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agl_bridge import semconv
+
+START_TIMEOUT_S = 180.0
+
+# The directory holding the `agl_bridge` this process runs: put first on the child's path so the
+# subprocess runs the same code (a checkout, not whatever an editable install points at).
+_PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+
+_INHERITED_SECRETS = (
+    semconv.ENV_API_KEY,
+    semconv.ENV_OPENAI_API_KEY,
+    semconv.ENV_SAMPLER_API_KEY,
+    semconv.ENV_ROLLOUT_ID,
+    semconv.ENV_ATTEMPT_ID,
+    semconv.ENV_ENDPOINT,
+)
+
+
+def child_env() -> dict[str, str]:
+    """The environment for subprocesses: offline switches on, no keys or rollout variables inherited."""
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    for name in _INHERITED_SECRETS:
+        env.pop(name, None)
+    return env
+
+
+@dataclass
+class ProxyProcess:
+    """A proxy in a subprocess (`agl_bridge.testing.serve`): its process, URL and key."""
+
+    process: subprocess.Popen[str]
+    base_url: str
+    api_key: str
+    store: Path
+
+    def rollout_url(self, rollout_id: str, attempt_id: str) -> str:
+        """The OpenAI base URL of one rollout attempt."""
+        return f"{self.base_url}/rollout/{rollout_id}/attempt/{attempt_id}/v1"
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no flush, no cleanup — a crash."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Stop it whatever state it is in (resumed first if frozen); safe to call twice."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+        self.process.wait(timeout=30)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def start_proxy(
+    store: Path,
+    model_dir: Path,
+    *,
+    sampler: str = "instant",
+    token_delay_s: float = 0.0,
+    tokens: int = 8,
+    api_key: str = "sk-reliability",
+) -> ProxyProcess:
+    """Start `agl_bridge.testing.serve` on a free port and wait until it answers; the caller must `stop()` it."""
+    command = [
+        sys.executable,
+        "-m",
+        "agl_bridge.testing.serve",
+        "--store",
+        str(store),
+        "--model-dir",
+        str(model_dir),
+        "--sampler",
+        sampler,
+        "--token-delay",
+        str(token_delay_s),
+        "--tokens",
+        str(tokens),
+        "--key",
+        api_key,
+    ]
+    log = (store.parent / f"{store.stem}.proxy.log").open("a")
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_PARENT), env.get("PYTHONPATH")]))
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=store.parent)
+    log.close()
+    assert process.stdout is not None
+    deadline = time.monotonic() + START_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline:
+            line = process.stdout.readline()
+            if line.startswith("READY "):
+                port = int(line.split()[1])
+                return ProxyProcess(process, f"http://127.0.0.1:{port}", api_key, store)
+            if not line and process.poll() is not None:
+                break
+        log_text = (store.parent / f"{store.stem}.proxy.log").read_text()[-3000:]
+        raise AssertionError(f"the proxy subprocess did not start (exit code {process.poll()}):\n{log_text}")
+    except BaseException:
+        process.kill()
+        process.wait(timeout=30)
+        raise
