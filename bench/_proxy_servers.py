@@ -289,7 +289,8 @@ async def _inprocess(requests: int, warmup: int) -> dict[str, Any]:
     from agl_bridge.models.loading import load_tokenizer
     from agl_bridge.proxy.provider import PROVIDER_NAME, AglProvider
     from agl_bridge.proxy.recording import CallRecorder
-    from agl_bridge.proxy.service import ChatService, RolloutRoute
+    from agl_bridge.proxy.request import RolloutRoute
+    from agl_bridge.proxy.service import ChatService
     from agl_bridge.store import SQLiteStore
 
     tokenizer = load_tokenizer("tiny")

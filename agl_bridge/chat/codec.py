@@ -206,16 +206,33 @@ class ChatCodec:
         (see the module docstring). Raises ChatFormatError for malformed input, or when the chat
         template rejects the conversation.
         """
-        msgs = normalize_messages(messages)
-        tools_ = normalize_tools(tools)
+        return self.encode_normalized(
+            normalize_messages(messages),
+            normalize_tools(tools),
+            token_cache=token_cache,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+
+    def encode_normalized(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        token_cache: TokenCache | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> PromptEncoding:
+        """`encode_prompt` for messages and tools that `normalize_messages` / `normalize_tools` returned.
+
+        For callers that validated the request already (the proxy normalises each request once).
+        """
         kwargs = _template_kwargs(chat_template_kwargs)
-        template_msgs = self._for_template(msgs)
-        text = self._render(template_msgs, tools_, True, kwargs)
+        template_msgs = self._for_template(messages)
+        text = self._render(template_msgs, tools, True, kwargs)
         entries = token_cache.entries() if token_cache is not None else []
         if not entries:
             return PromptEncoding(token_ids=self._tokenize(text), text=text)
         assert token_cache is not None  # entries are only non-empty with a cache
-        return self._encode_with_cache(text, msgs, template_msgs, tools_, kwargs, token_cache, entries)
+        return self._encode_with_cache(text, messages, template_msgs, tools, kwargs, token_cache, entries)
 
     def _encode_with_cache(
         self,

@@ -20,9 +20,10 @@ import threading
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 
-from agl_bridge.proxy.errors import error_body
+from agl_bridge.proxy.completions import read_json_object
+from agl_bridge.proxy.request import RequestError
 from agl_bridge.sampler.adapter_files import AdapterFileError, read_peft_adapter
 
 _VERSIONED = re.compile(r"-v(?P<version>\d+)$")
@@ -64,28 +65,25 @@ def make_adapter_router(sampler: Any, registry: AdapterRegistry) -> APIRouter:
     router = APIRouter()
     swap_lock = asyncio.Lock()
 
-    async def load(request: Request) -> Any:
-        body = await _body(request)
-        if isinstance(body, JSONResponse):
-            return body
+    async def load(request: Request) -> PlainTextResponse:
+        body = await read_json_object(request)
         name, path = body.get("lora_name"), body.get("lora_path")
         for field, value in (("lora_name", name), ("lora_path", path)):
             if not isinstance(value, str) or not value:
-                return _error(400, f"{field} is required: a non-empty string", field)
+                raise RequestError(f"{field} is required: a non-empty string", field)
         assert isinstance(name, str) and isinstance(path, str)  # checked just above
         if registry.version_of(name) is not None:
-            return _error(400, f"The lora adapter '{name}' has already been loaded.", "lora_name")
+            raise RequestError(f"The lora adapter '{name}' has already been loaded.", "lora_name")
         if not hasattr(sampler, "load_lora"):
-            return _error(
-                400, f"this server's sampler ({type(sampler).__name__}) cannot load LoRA adapters", "lora_name"
+            raise RequestError(
+                f"this server's sampler ({type(sampler).__name__}) cannot load LoRA adapters", "lora_name"
             )
         try:
             state, scaling, saved = await asyncio.to_thread(read_peft_adapter, path)
         except AdapterFileError as error:
-            return _error(400, str(error), "lora_path")
+            raise RequestError(str(error), "lora_path") from None
         if saved and _embeddings_tied(getattr(sampler, "model", None)):
-            return _error(
-                400,
+            raise RequestError(
                 f"the adapter in {path} trains {saved} in full, but this server's model ties its output layer to the "
                 "input embeddings; train without train_unembedding, or serve an untied copy of the model",
                 "lora_path",
@@ -96,38 +94,24 @@ def make_adapter_router(sampler: Any, registry: AdapterRegistry) -> APIRouter:
             try:
                 await asyncio.to_thread(sampler.load_lora, state, scaling, version)
             except ValueError as error:  # shapes or names that do not fit this model
-                return _error(400, f"the adapter in {path} does not fit this server's model: {error}", "lora_path")
+                raise RequestError(
+                    f"the adapter in {path} does not fit this server's model: {error}", "lora_path"
+                ) from None
             registry.add(name, version)
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
-    async def unload(request: Request) -> Any:
-        body = await _body(request)
-        if isinstance(body, JSONResponse):
-            return body
+    async def unload(request: Request) -> PlainTextResponse:
+        body = await read_json_object(request)
         name = body.get("lora_name")
         if not isinstance(name, str) or not name:
-            return _error(400, "lora_name is required: a non-empty string", "lora_name")
+            raise RequestError("lora_name is required: a non-empty string", "lora_name")
         if not registry.remove(name):
-            return _error(404, f"The lora adapter '{name}' cannot be found.", "lora_name", code="not_found")
+            raise RequestError(f"The lora adapter '{name}' cannot be found.", "lora_name", code="not_found", status=404)
         return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
     router.add_api_route("/v1/load_lora_adapter", load, methods=["POST"])
     router.add_api_route("/v1/unload_lora_adapter", unload, methods=["POST"])
     return router
-
-
-async def _body(request: Request) -> dict[str, Any] | JSONResponse:
-    try:
-        body = await request.json()
-    except ValueError:
-        return _error(400, "the request body is not valid JSON", "request_body")
-    if not isinstance(body, dict):
-        return _error(400, "the request body must be a JSON object", "request_body")
-    return body
-
-
-def _error(status: int, message: str, param: str | None, code: str = "invalid_value") -> JSONResponse:
-    return JSONResponse(error_body(message, param=param, code=code), status_code=status)
 
 
 def _embeddings_tied(model: Any) -> bool:

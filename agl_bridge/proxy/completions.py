@@ -22,50 +22,44 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from agl_bridge import semconv
-from agl_bridge.proxy.errors import RequestError, error_body
-from agl_bridge.proxy.service import ChatService, route_of_headers
+from agl_bridge.proxy.request import RequestError, RolloutRoute, route_of_headers
+from agl_bridge.proxy.service import ChatService
 from agl_bridge.sampler.base import ContextLengthError, SamplingParamError, SamplingParams
-from agl_bridge.sampler.remote_errors import RemoteSamplerError
-from agl_bridge.store.errors import StoreError
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for this endpoint
 
 
 def make_completions_router(service_for: Callable[[str], ChatService]) -> APIRouter:
-    """A router with `POST /v1/completions` (and `/completions`) over the registered services."""
+    """A router with `POST /v1/completions` (and `/completions`) over the registered services.
+
+    Refusals are raised (`RequestError`, and the store's and remote sampler's errors): the app
+    serving the router answers them through `agl_bridge.proxy.errors`.
+    """
     router = APIRouter()
 
     async def completions(request: Request) -> JSONResponse:
-        try:
-            body = await request.json()
-        except ValueError:
-            return _error(RequestError("the request body is not valid JSON", "request_body"))
-        if not isinstance(body, dict):
-            return _error(RequestError("the request body must be a JSON object", "request_body"))
-        try:
-            service = service_for(str(body.get("model", "")))
-            record = semconv.HEADER_RECORDED_UPSTREAM not in request.headers
-            return JSONResponse(await _complete(service, body, route_of_headers(request.headers), record=record))
-        except RequestError as error:
-            return _error(error)
-        except RemoteSamplerError as error:  # this server samples remotely and no remote server could
-            return _error(RequestError(str(error), None, code="sampler_unavailable", status=503))
-        except StoreError as error:  # not recorded, so not served: the caller retries once the store is writable
-            return _error(
-                RequestError(
-                    f"the call was not served because it could not be recorded: {error}",
-                    None,
-                    code="store_unavailable",
-                    status=503,
-                )
-            )
+        body = await read_json_object(request)
+        service = service_for(str(body.get("model", "")))
+        record = semconv.HEADER_RECORDED_UPSTREAM not in request.headers
+        return JSONResponse(await _complete(service, body, route_of_headers(request.headers), record=record))
 
     for path in ("/v1/completions", "/completions"):
         router.add_api_route(path, completions, methods=["POST"], include_in_schema=True)
     return router
 
 
-async def _complete(service: ChatService, body: dict[str, Any], route: Any, *, record: bool) -> dict[str, Any]:
+async def read_json_object(request: Request) -> dict[str, Any]:
+    """The request's JSON body, which must be an object; a `RequestError` naming `request_body` if not."""
+    try:
+        body = await request.json()
+    except ValueError:
+        raise RequestError("the request body is not valid JSON", "request_body") from None
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object", "request_body")
+    return body
+
+
+async def _complete(service: ChatService, body: dict[str, Any], route: RolloutRoute, *, record: bool) -> dict[str, Any]:
     started = time.time()
     prompts = _prompts(service, body.get("prompt"))
     params = _params(service, body)
@@ -208,7 +202,3 @@ def _params(service: ChatService, body: dict[str, Any]) -> SamplingParams:
     except SamplingParamError as error:
         raise RequestError(str(error), error.field) from None
     return params
-
-
-def _error(error: RequestError) -> JSONResponse:
-    return JSONResponse(error_body(error.message, param=error.param, code=error.code), status_code=error.status)

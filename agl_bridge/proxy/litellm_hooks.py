@@ -1,4 +1,4 @@
-"""LiteLLM callbacks: refusing unknown models clearly, and recording text-only calls.
+"""LiteLLM hooks: trusting the gateway's key check, parsing chat requests once, recording text-only calls.
 
 A user's LiteLLM config can route other models through the same endpoint (judges, frozen
 answerers); their calls cannot be trained on, but they belong to the rollout's story and are kept
@@ -12,28 +12,57 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from litellm.constants import LITELLM_PROXY_MASTER_KEY_ALIAS
 from litellm.integrations.custom_logger import CustomLogger
+from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
+from starlette.requests import Request
 
 from agl_bridge.chat import ChatFormatError, normalize_messages, normalize_tools
-from agl_bridge.proxy.provider import PROVIDER_NAME, route_of
+from agl_bridge.proxy.errors import to_proxy_exception
+from agl_bridge.proxy.gateway import admitted
+from agl_bridge.proxy.provider import PROVIDER_NAME, AglProvider, attach_request
 from agl_bridge.proxy.recording import CallRecorder
+from agl_bridge.proxy.request import RequestError, route_of
 from agl_bridge.types import Usage
 
 logger = logging.getLogger(__name__)
 
+GATEWAY_AUTH = f"{__name__}.admitted_by_gateway"
+"""LiteLLM's `general_settings.custom_auth` value that makes its proxy trust the gateway's key check."""
+
+_ADMIN = UserAPIKeyAuth(user_role=LitellmUserRoles.PROXY_ADMIN, api_key=LITELLM_PROXY_MASTER_KEY_ALIAS)
+
+
+async def admitted_by_gateway(request: Request, api_key: str) -> UserAPIKeyAuth:
+    """LiteLLM's key check, replaced: a request the gateway let in carried the key, so it is the admin.
+
+    LiteLLM would otherwise check the master key again on every request (and answers 500 for a
+    wrong one without its database). Its identity is the one LiteLLM gives the master key (with its
+    alias, never the key); a request that did not pass the gateway is refused.
+    """
+    if not admitted(request.scope):
+        message = "this request did not pass agl-bridge's gateway, which checks the key"
+        raise to_proxy_exception(RequestError(message, code="invalid_api_key", status=401))
+    from litellm.proxy.proxy_server import litellm_proxy_admin_name
+
+    return _ADMIN.model_copy(update={"user_id": litellm_proxy_admin_name})
+
 
 class ModelCheck(CustomLogger):
-    """Refuses a request for a model the proxy does not serve with a 404 naming the `model` field,
-    and malformed `messages` / `tools` of a chat request to our own models with a 400 naming the field.
+    """Refuses a request for a model the proxy does not serve with a 404 naming the `model` field; parses a
+    chat request to a served model (a 400 naming the field) and hands the result to the provider.
 
     LiteLLM's own refusals are a 400 without `param` (unknown model) or, for messages that are not
     objects, a 400 carrying a LiteLLM traceback or a 500; this runs first, on the already parsed body.
     """
 
+    def __init__(self, provider: AglProvider) -> None:
+        super().__init__()
+        self.provider = provider
+
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> dict:
-        """Pass the request on unchanged if its model is served (and its chat input well formed), else raise."""
+        """Pass the request on if its model is served (and its chat input well formed), else raise."""
         from litellm.proxy import proxy_server
-        from litellm.proxy._types import ProxyException
 
         model = data.get("model")
         router = proxy_server.llm_router
@@ -41,34 +70,31 @@ class ModelCheck(CustomLogger):
             return data
         served = router.get_model_names()
         if model not in served:
-            raise ProxyException(
-                message=f"model {model!r} is not served here; served models: {', '.join(sorted(served))}",
-                type="invalid_request_error",
-                param="model",
-                code=404,
-                openai_code="model_not_found",
-            )
+            message = f"model {model!r} is not served here; served models: {', '.join(sorted(served))}"
+            raise to_proxy_exception(RequestError(message, "model", code="model_not_found", status=404))
         response_format = data.get("response_format")
         if response_format is not None and not (
             isinstance(response_format, dict) and isinstance(response_format.get("type"), str)
         ):
             # LiteLLM's own parameter mapping raises on it and answers 500
-            raise ProxyException(
-                message=f'response_format must be an object like {{"type": "json_object"}}, got '
-                f"{response_format!r:.100}",
-                type="invalid_request_error",
-                param="response_format",
-                code=400,
-                openai_code="invalid_value",
-            )
-        if call_type in _CHAT_CALL_TYPES and "messages" in data and _is_ours(router, model):
-            try:
+            message = f'response_format must be an object like {{"type": "json_object"}}, got {response_format!r:.100}'
+            raise to_proxy_exception(RequestError(message, "response_format"))
+        if call_type not in _CHAT_CALL_TYPES:
+            return data
+        service = self.provider.find(model)
+        try:
+            if service is not None:
+                # A served name maps to our own entry `agl/<name>` alone (the config refuses clashes),
+                # whose call parameters are the body's: parse it once, here, for the provider.
+                attach_request(data, service.model_name, service.parse_request(data))
+            elif "messages" in data and _is_ours(router, model):
+                # An alias from the user's config may add call parameters; the provider parses the call.
                 normalize_messages(data["messages"])
                 normalize_tools(data.get("tools"))
-            except ChatFormatError as error:
-                raise ProxyException(
-                    message=str(error), type="invalid_request_error", param=error.param, code=400
-                ) from None
+        except ChatFormatError as error:
+            raise to_proxy_exception(RequestError(str(error), error.param)) from None
+        except RequestError as error:
+            raise to_proxy_exception(error) from None
         return data
 
 

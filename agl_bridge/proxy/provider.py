@@ -1,9 +1,13 @@
 """The LiteLLM custom provider: LiteLLM's proxy hands it chat requests, `ChatService` serves them.
 
 Registered under the provider name `agl`, so a LiteLLM model entry `{"model": "agl/tiny"}` routes
-to the service registered for `tiny`. Responses carry vLLM's extra fields when the request asks
-with `"return_token_ids": true`: top-level `prompt_token_ids` and `choices[i].token_ids`; in a
-stream, every chunk carries the ids of the tokens whose text it holds.
+to the service registered for `tiny`. A request to a served model arrives already parsed: the
+pre-call hook (`litellm_hooks.ModelCheck`) validated the body and attached the `ChatRequest`
+(`attach_request`), so its messages are normalised once; requests that reach the provider by other
+ways (LiteLLM's Responses/Anthropic bridges, an alias in the user's config, `litellm.acompletion`
+in-process) are parsed here. Responses carry vLLM's extra fields when the request asks with
+`"return_token_ids": true`: top-level `prompt_token_ids` and `choices[i].token_ids`; in a stream,
+every chunk carries the ids of the tokens whose text it holds.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -28,14 +33,31 @@ from litellm.types.utils import (
 )
 
 from agl_bridge.chat import PromptEncoding, ToolCall
-from agl_bridge.proxy.errors import RequestError, sampler_unavailable_error, store_unavailable_error, to_litellm_error
-from agl_bridge.proxy.service import ChatRequest, ChatResult, ChatService, RolloutRoute, route_of_headers
+from agl_bridge.proxy.errors import to_litellm_error
+from agl_bridge.proxy.request import ChatRequest, ChatResult, RequestError, RolloutRoute, route_of
+from agl_bridge.proxy.service import ChatService
 from agl_bridge.proxy.streaming import FinalPiece, StreamDelta
 from agl_bridge.sampler.remote_errors import RemoteSamplerError
 from agl_bridge.store.errors import StoreError
 
 PROVIDER_NAME = "agl"
 _SYSTEM_FINGERPRINT = "agl-bridge"
+_PARSED_KEY = "agl_chat_request"
+_SERVING_ERRORS = (RequestError, StoreError, RemoteSamplerError)
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """A chat request parsed by the pre-call hook, for the model it was parsed for."""
+
+    model: str
+    request: ChatRequest
+
+
+def attach_request(data: dict[str, Any], model: str, request: ChatRequest) -> None:
+    """Carry `request` (parsed from the body for served model `model`) in the request data LiteLLM
+    hands to the provider, so that the provider does not parse the body again."""
+    data.setdefault("metadata", {})[_PARSED_KEY] = _Parsed(model, request)
 
 
 class AglProvider(CustomLLM):
@@ -49,14 +71,17 @@ class AglProvider(CustomLLM):
         """Serve `service.model_name` (as LiteLLM model `agl/<name>`)."""
         self._services[service.model_name] = service
 
+    def find(self, model: str) -> ChatService | None:
+        """The service behind `model` (a served name, or `agl/<name>`), or None."""
+        return self._services.get(model.removeprefix(f"{PROVIDER_NAME}/"))
+
     def service(self, model: str) -> ChatService:
         """The service behind `model`; a 400 naming the served models if there is none."""
-        name = model.removeprefix(f"{PROVIDER_NAME}/")
-        if name not in self._services:
-            raise to_litellm_error(
-                RequestError(f"model {model!r} is not served here; served: {sorted(self._services)}", "model"), model
-            )
-        return self._services[name]
+        service = self.find(model)
+        if service is None:
+            error = RequestError(f"model {model!r} is not served here; served: {sorted(self._services)}", "model")
+            raise to_litellm_error(error, model)
+        return service
 
     async def acompletion(
         self,
@@ -80,14 +105,10 @@ class AglProvider(CustomLLM):
         """Serve a non-streaming chat completion."""
         service = self.service(model)
         try:
-            request = service.parse_request({**optional_params, "messages": messages})
+            request = _request(service, messages, optional_params, litellm_params)
             result = await service.complete(request, route_of(litellm_params))
-        except RequestError as error:
+        except _SERVING_ERRORS as error:
             raise to_litellm_error(error, model) from None
-        except StoreError as error:
-            raise store_unavailable_error(error, model) from None
-        except RemoteSamplerError as error:
-            raise sampler_unavailable_error(error, model) from None
         return _fill_response(model_response, model, service, request, result)
 
     # LiteLLM's base is a coroutine typed to return GenericStreamingChunks; LiteLLM also takes an async
@@ -114,24 +135,22 @@ class AglProvider(CustomLLM):
         """Serve a streaming chat completion, token by token."""
         service = self.service(model)
         try:
-            request = service.parse_request({**optional_params, "messages": messages})
+            request = _request(service, messages, optional_params, litellm_params)
             chunks = _stream_chunks(service, request, route_of(litellm_params), model)
             async for chunk in chunks:
                 yield chunk
-        except RequestError as error:
+        except _SERVING_ERRORS as error:
             raise to_litellm_error(error, model) from None
-        except StoreError as error:
-            raise store_unavailable_error(error, model) from None
-        except RemoteSamplerError as error:
-            raise sampler_unavailable_error(error, model) from None
 
 
-def route_of(litellm_params: Mapping[str, Any] | None) -> RolloutRoute:
-    """The rollout, attempt and agent a LiteLLM call belongs to, from its request headers."""
-    params = litellm_params or {}
-    metadata = params.get("metadata") or {}
-    headers = metadata.get("headers") or (params.get("proxy_server_request") or {}).get("headers") or {}
-    return route_of_headers(headers)
+def _request(
+    service: ChatService, messages: list, optional_params: dict, litellm_params: Mapping[str, Any] | None
+) -> ChatRequest:
+    """The request the pre-call hook parsed for this service, else the call's parameters parsed now."""
+    parsed = ((litellm_params or {}).get("metadata") or {}).get(_PARSED_KEY)
+    if isinstance(parsed, _Parsed) and parsed.model == service.model_name:
+        return parsed.request
+    return service.parse_request({**optional_params, "messages": messages})
 
 
 def _fill_response(

@@ -12,17 +12,15 @@ import json
 import secrets
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry import trace
 
 from agl_bridge import semconv
+from agl_bridge.proxy.request import ChatRequest, ChatResult, RolloutRoute
 from agl_bridge.sampler.base import SampledSequence, SampleResult
 from agl_bridge.store.base import Store
 from agl_bridge.types import LLMCall, Usage
-
-if TYPE_CHECKING:
-    from agl_bridge.proxy.service import ChatRequest, ChatResult, RolloutRoute
 
 
 class CallRecorder:

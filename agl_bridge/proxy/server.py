@@ -1,4 +1,4 @@
-"""Running the proxy: LiteLLM's proxy server with our provider, gateway, routes and store.
+"""Running the proxy: our gateway in front of LiteLLM's proxy app and our own routes, over one store.
 
 `ProxyServer` runs everything on one asyncio loop — in a background thread (`start`/`stop`, used by
 the trainer and the tests, which also share the sampler) or in the calling thread
@@ -20,25 +20,24 @@ import shutil
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from fastapi import APIRouter
+from starlette.routing import BaseRoute
 
 from agl_bridge.chat import ChatCodec
 from agl_bridge.proxy.adapters import AdapterRegistry, make_adapter_router
-from agl_bridge.proxy.affinity import AffinityMiddleware
 from agl_bridge.proxy.completions import make_completions_router
-from agl_bridge.proxy.error_handlers import install_error_handlers
-from agl_bridge.proxy.errors import RequestError
-from agl_bridge.proxy.fast_routes import NO_NATIVE_TELEMETRY, FastRoutes
-from agl_bridge.proxy.gateway import Gateway
-from agl_bridge.proxy.litellm_hooks import ModelCheck, TextCallLogger
+from agl_bridge.proxy.errors import install_error_handlers
+from agl_bridge.proxy.gateway import NO_NATIVE_TELEMETRY, Gateway
+from agl_bridge.proxy.litellm_hooks import GATEWAY_AUTH, ModelCheck, TextCallLogger
 from agl_bridge.proxy.litellm_patches import patch_litellm
 from agl_bridge.proxy.provider import PROVIDER_NAME, AglProvider
 from agl_bridge.proxy.recording import CallRecorder
+from agl_bridge.proxy.request import RequestError
 from agl_bridge.proxy.service import ChatService
 from agl_bridge.sampler.base import TokenSampler
 from agl_bridge.store.sqlite import SQLiteStore
@@ -251,9 +250,15 @@ class ProxyServer:
                 default_max_tokens=self.default_max_tokens,
                 max_samples_per_request=getattr(self.sampler, "max_batch_size", 64),
             )
-            app = self._litellm_app(service, recorder, make_traces_router(self.store))
+            provider = AglProvider()
+            provider.register(service)
+            front = Gateway(
+                self._litellm_app(provider, recorder, make_traces_router(self.store)),
+                api_key=self.api_key,
+                routes=self._token_routes(provider),
+            )
             config = uvicorn.Config(
-                Gateway(AffinityMiddleware(app), api_key=self.api_key),
+                front,
                 loop="asyncio",  # uvloop crashed LiteLLM (ContextVar.set segfault) under error-heavy load
                 lifespan="on",
                 log_level="warning",
@@ -280,57 +285,67 @@ class ProxyServer:
             if self._config_dir is not None:
                 shutil.rmtree(self._config_dir, ignore_errors=True)
 
-    def _litellm_app(self, service: ChatService, recorder: CallRecorder, traces_router: Any) -> Any:
+    def _litellm_app(self, provider: AglProvider, recorder: CallRecorder, traces_router: APIRouter) -> Any:
+        """LiteLLM's proxy app, configured to serve our models through `provider` behind the gateway, with
+        the OTLP receiver ahead of LiteLLM's own `/v1/traces` routes.
+
+        The receiver stays in LiteLLM's app (its other methods on `/v1/traces` are LiteLLM's), so the
+        app's route table lists it with every other route the key guards.
+        """
         import litellm
         from litellm.utils import custom_llm_setup
 
-        provider = AglProvider()
-        provider.register(service)
         litellm.custom_provider_map = [{"provider": PROVIDER_NAME, "custom_handler": provider}]
         custom_llm_setup()
         ours = (ModelCheck, TextCallLogger)
         litellm.callbacks = [
             *[c for c in litellm.callbacks if not isinstance(c, ours)],
-            ModelCheck(),
+            ModelCheck(provider),
             TextCallLogger(recorder),
         ]
 
+        config = litellm_config([self.model_name], self.api_key, self._user_config)
+        # The gateway checks the key of every request; LiteLLM trusts it instead of checking again
+        # (a user's own custom_auth still runs, behind the gateway's check).
+        config["general_settings"].setdefault("custom_auth", GATEWAY_AUTH)
         self._config_dir = tempfile.mkdtemp(prefix="agl-litellm-")
         config_path = Path(self._config_dir) / "litellm_config.yaml"
-        config_path.write_text(yaml.safe_dump(litellm_config([self.model_name], self.api_key, self._user_config)))
+        config_path.write_text(yaml.safe_dump(config))
         os.environ["CONFIG_FILE_PATH"] = str(config_path)  # LiteLLM reads its config path at start-up
 
         from litellm.proxy import proxy_server
-
-        adapters = AdapterRegistry()
-
-        def service_for(model: str) -> ChatService:
-            if adapters.version_of(model) is not None:
-                return provider.service(self.model_name)  # one merged weight set serves every loaded name
-            try:
-                return provider.service(model)
-            except Exception as error:
-                if adapters.names() or model.startswith(f"{self.model_name}-v"):
-                    raise RequestError(
-                        f"adapter {model!r} is not loaded on this server (loaded: {adapters.names()}); load it with "
-                        "POST /v1/load_lora_adapter",
-                        "model",
-                        code="model_not_found",
-                        status=404,
-                    ) from None
-                raise RequestError(str(getattr(error, "message", error)), "model") from None
 
         app = proxy_server.app
         _without_native_telemetry(app)
         install_error_handlers(app)  # LiteLLM's answer some errors as {"detail": ...} or with code "400"
         patch_litellm()  # LiteLLM bugs that answer malformed requests with a 500
-        token_routes = make_completions_router(service_for).routes
+        app.router.routes[:0] = traces_router.routes
+        return app
+
+    def _token_routes(self, provider: AglProvider) -> list[BaseRoute]:
+        """Token-id `/v1/completions` over the served model, and vLLM's LoRA routes where the sampler loads adapters."""
+        adapters = AdapterRegistry()
+
+        def service_for(model: str) -> ChatService:
+            if adapters.version_of(model) is not None:
+                return provider.service(self.model_name)  # one merged weight set serves every loaded name
+            service = provider.find(model)
+            if service is not None:
+                return service
+            if adapters.names() or model.startswith(f"{self.model_name}-v"):
+                raise RequestError(
+                    f"adapter {model!r} is not loaded on this server (loaded: {adapters.names()}); load it with "
+                    "POST /v1/load_lora_adapter",
+                    "model",
+                    code="model_not_found",
+                    status=404,
+                )
+            raise RequestError(f"model {model!r} is not served here; served: {[self.model_name]}", "model")
+
+        routes = make_completions_router(service_for).routes
         if hasattr(self.sampler, "load_lora"):
-            token_routes += make_adapter_router(self.sampler, adapters).routes
-        app.router.routes[:0] = traces_router.routes  # ahead of LiteLLM's routes of the same paths
-        fast = FastRoutes(app, token_routes)  # serves these paths before LiteLLM's app sees them
-        install_error_handlers(fast.fast)  # its 404/405/422 in OpenAI's shape too
-        return fast
+            routes += make_adapter_router(self.sampler, adapters).routes
+        return routes
 
 
 def _without_native_telemetry(app: Any) -> None:
@@ -345,18 +360,3 @@ def _without_native_telemetry(app: Any) -> None:
     settings = getattr(app, "_telemetry", None)
     if isinstance(settings, dict):
         settings.update(NO_NATIVE_TELEMETRY)
-
-
-def wait_until_healthy(base_url: str, timeout: float = 60.0) -> None:
-    """Poll the liveness route of a proxy started elsewhere (e.g. a subprocess) until it answers."""
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base_url}/health/liveliness", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise ProxyStartError(f"no proxy answered at {base_url} within {timeout:.0f}s")

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from agl_bridge import semconv
 from agl_bridge.chat import (
     AssistantMessage,
     ChatCodec,
@@ -23,12 +21,11 @@ from agl_bridge.chat import (
     normalize_messages,
     normalize_tools,
 )
-from agl_bridge.proxy.errors import RequestError
 from agl_bridge.proxy.recording import CallRecorder
-from agl_bridge.proxy.streaming import ChoiceStreamer, FinalPiece, StreamDelta
+from agl_bridge.proxy.request import ChatRequest, ChatResult, ChoiceResult, RequestError, RolloutRoute
+from agl_bridge.proxy.streaming import ChoiceStreamer, StreamDelta
 from agl_bridge.sampler.base import (
     ContextLengthError,
-    SampledSequence,
     SampleResult,
     SamplingParamError,
     SamplingParams,
@@ -39,71 +36,6 @@ from agl_bridge.sampler.base import (
 
 MAX_TOP_LOGPROBS = 20
 _TOOL_CHOICES = ("none", "auto", "required")
-
-
-@dataclass(frozen=True)
-class RolloutRoute:
-    """Which rollout attempt (and agent) a request belongs to; all None outside rollouts."""
-
-    rollout_id: str | None = None
-    attempt_id: str | None = None
-    agent_name: str | None = None
-
-    @property
-    def cache_key(self) -> tuple[str, str | None] | None:
-        """Key of the rollout's token cache (None: calls outside rollouts share no cache)."""
-        return None if self.rollout_id is None else (self.rollout_id, self.attempt_id)
-
-
-def route_of_headers(headers: Mapping[str, str]) -> RolloutRoute:
-    """The route named by request headers (lower-case names; the gateway has validated the ids)."""
-    return RolloutRoute(
-        rollout_id=headers.get(semconv.HEADER_ROLLOUT_ID) or None,
-        attempt_id=headers.get(semconv.HEADER_ATTEMPT_ID) or None,
-        agent_name=headers.get(semconv.HEADER_AGENT_NAME) or None,
-    )
-
-
-@dataclass
-class ChatRequest:
-    """A validated chat completion request."""
-
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None
-    parse_tool_calls: bool
-    n: int
-    params: SamplingParams
-    stop_strings: tuple[str, ...]
-    logprobs: bool
-    top_logprobs: int
-    return_token_ids: bool
-    chat_template_kwargs: dict[str, Any] | None
-
-
-@dataclass
-class ChoiceResult:
-    """One sampled choice: the assistant message and the exact sequence behind it."""
-
-    index: int
-    message: AssistantMessage
-    sequence: SampledSequence
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-
-
-@dataclass
-class ChatResult:
-    """A finished chat completion: prompt ids, choices, and the store sequence of each choice."""
-
-    prompt_token_ids: list[int]
-    choices: list[ChoiceResult]
-    prompt: PromptEncoding
-    sequences: list[int] = field(default_factory=list)
-    final_pieces: list[FinalPiece] = field(default_factory=list)
-
-    @property
-    def completion_tokens(self) -> int:
-        """Tokens sampled over all choices."""
-        return sum(len(c.sequence.tokens) for c in self.choices)
 
 
 class ChatService:
@@ -233,7 +165,7 @@ class ChatService:
     def _encode(self, request: ChatRequest, route: RolloutRoute) -> PromptEncoding:
         cache = None if route.cache_key is None else self.token_caches.get(route.cache_key)
         try:
-            prompt = self.codec.encode_prompt(
+            prompt = self.codec.encode_normalized(
                 request.messages, request.tools, token_cache=cache, chat_template_kwargs=request.chat_template_kwargs
             )
         except ChatFormatError as error:

@@ -3,7 +3,7 @@
 Remote samplers keep the requests of one rollout on one server so that its prefix cache is reused
 turn after turn. The proxy knows the rollout of every request but the `TokenSampler` protocol does
 not carry it, so the proxy sets it here for the duration of the request (see
-`agl_bridge.proxy.affinity`) and a sampler that cares reads it. Samplers that do not care ignore it.
+`agl_bridge.proxy.gateway`) and a sampler that cares reads it. Samplers that do not care ignore it.
 """
 
 from __future__ import annotations

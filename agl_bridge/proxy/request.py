@@ -1,0 +1,107 @@
+"""What a served request is: its rollout route, the validated chat request, the result, the refusal.
+
+These types are shared by the chat service (which builds them), the recorder (which stores them),
+the LiteLLM provider and the token routes (which carry them); they live here so that none of
+those modules imports another just for a type. Nothing here knows LiteLLM or HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agl_bridge import semconv
+from agl_bridge.chat import AssistantMessage, PromptEncoding
+from agl_bridge.proxy.streaming import FinalPiece
+from agl_bridge.sampler.base import SampledSequence, SamplingParams
+
+
+class RequestError(ValueError):
+    """A request we refuse; `agl_bridge.proxy.errors` shapes it for the wire with `status` (400 by default).
+
+    `param` names the offending field the way OpenAI does, so users can fix the request without
+    reading our code; `code` is a word such as "invalid_value".
+    """
+
+    def __init__(
+        self, message: str, param: str | None = None, *, code: str | None = "invalid_value", status: int = 400
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.status = status
+
+
+@dataclass(frozen=True)
+class RolloutRoute:
+    """Which rollout attempt (and agent) a request belongs to; all None outside rollouts."""
+
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    agent_name: str | None = None
+
+    @property
+    def cache_key(self) -> tuple[str, str | None] | None:
+        """Key of the rollout's token cache (None: calls outside rollouts share no cache)."""
+        return None if self.rollout_id is None else (self.rollout_id, self.attempt_id)
+
+
+def route_of_headers(headers: Mapping[str, str]) -> RolloutRoute:
+    """The route named by request headers (lower-case names; the gateway has validated the ids)."""
+    return RolloutRoute(
+        rollout_id=headers.get(semconv.HEADER_ROLLOUT_ID) or None,
+        attempt_id=headers.get(semconv.HEADER_ATTEMPT_ID) or None,
+        agent_name=headers.get(semconv.HEADER_AGENT_NAME) or None,
+    )
+
+
+def route_of(litellm_params: Mapping[str, Any] | None) -> RolloutRoute:
+    """The route of a call LiteLLM's proxy hands on, from the request headers it keeps in `litellm_params`."""
+    params = litellm_params or {}
+    metadata = params.get("metadata") or {}
+    headers = metadata.get("headers") or (params.get("proxy_server_request") or {}).get("headers") or {}
+    return route_of_headers(headers)
+
+
+@dataclass
+class ChatRequest:
+    """A validated chat completion request; `messages` and `tools` are normalised (`agl_bridge.chat`)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    parse_tool_calls: bool
+    n: int
+    params: SamplingParams
+    stop_strings: tuple[str, ...]
+    logprobs: bool
+    top_logprobs: int
+    return_token_ids: bool
+    chat_template_kwargs: dict[str, Any] | None
+
+
+@dataclass
+class ChoiceResult:
+    """One sampled choice: the assistant message and the exact sequence behind it."""
+
+    index: int
+    message: AssistantMessage
+    sequence: SampledSequence
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
+class ChatResult:
+    """A finished chat completion: prompt ids, choices, and the store sequence of each choice."""
+
+    prompt_token_ids: list[int]
+    choices: list[ChoiceResult]
+    prompt: PromptEncoding
+    sequences: list[int] = field(default_factory=list)
+    final_pieces: list[FinalPiece] = field(default_factory=list)
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens sampled over all choices."""
+        return sum(len(c.sequence.tokens) for c in self.choices)
