@@ -55,11 +55,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     ROOT: frozenset({"_env", "_version", "tracing"}),  # `agl_bridge.emit_reward` is tracing's, imported on use
 }
 
-# Module cycles still allowed, each as the set of modules in it.
-ALLOWED_MODULE_CYCLES = [
-    # removed by the proxy front-door change (issue 14)
-    frozenset({"agl_bridge.proxy.service", "agl_bridge.proxy.recording"}),
-]
+# Module cycles still allowed, each as the set of modules in it: none.
+ALLOWED_MODULE_CYCLES: list[frozenset[str]] = []
 
 
 def modules(package: Path = PACKAGE) -> dict[str, tuple[Path, bool]]:
