@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from reliability_helpers import REPO, child_env, integrity, query
 
-from agl_bridge.train.grpo import TaskSchedule
+from agl_bridge.runner import TaskSchedule
 
 pytestmark = pytest.mark.slow
 
