@@ -58,7 +58,7 @@ from agl_bridge.train.loop_state import resume_latest, save_checkpoint
 from agl_bridge.train.metrics import reward_stats
 from agl_bridge.train.offline import train_offline
 from agl_bridge.train.plot import plot_run
-from agl_bridge.train.run_log import RunLog, RunSummary, fmt, step_line
+from agl_bridge.train.run_log import RunLog, RunSummary, format_reward, step_line
 from agl_bridge.train.step import grpo_settings, train_step
 from agl_bridge.train.warm_start import load_pairs, warm_start
 
@@ -364,5 +364,5 @@ async def evaluate_held_out(
             "time_eval_s": round(time.perf_counter() - t0, 3),
         }
     )
-    log.say(f"[bold]eval[/bold] {label}: held-out reward {fmt(value)} over {len(returns)} rollouts")
+    log.say(f"[bold]eval[/bold] {label}: held-out reward {format_reward(value)} over {len(returns)} rollouts")
     return value

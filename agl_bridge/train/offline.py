@@ -21,7 +21,7 @@ from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
 from agl_bridge.train.metrics import reward_stats
-from agl_bridge.train.run_log import RunLog, RunSummary, fmt
+from agl_bridge.train.run_log import RunLog, RunSummary, format_reward
 from agl_bridge.train.step import grpo_settings, train_step
 
 
@@ -77,7 +77,8 @@ def train_offline(config: GRPOConfig, log: RunLog, *, resume: bool = False) -> R
                 "time_step_s": round(time.perf_counter() - began, 4),
             }
             log.write(record)
-            log.say(f"offline step {step + 1}: reward {fmt(record.get('reward_mean'))} · loss {record.get('loss')}")
+            reward = format_reward(record.get("reward_mean"))
+            log.say(f"offline step {step + 1}: reward {reward} · loss {record.get('loss')}")
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                 save_checkpoint(client, run_dir, step + 1, None, config.seed, log)
         client.save_weights_for_sampler(run_dir / "final_adapter")

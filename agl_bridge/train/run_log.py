@@ -132,7 +132,7 @@ def drop_records_after(run_dir: str | Path, step: int) -> int:
     return dropped
 
 
-def fmt(value: float | None) -> str:
+def format_reward(value: float | None) -> str:
     """A reward for a console line: signed, three decimals, or "n/a"."""
     return "n/a" if value is None else f"{value:+.3f}"
 
@@ -143,8 +143,9 @@ def step_line(record: dict[str, Any]) -> str:
     trained = (
         "nothing to train (equal returns in every group)" if loss is None else f"loss {loss:.4f} · |Δlogprob| {gap:.2e}"
     )
+    reward = format_reward(record.get("reward_mean"))
     return (
-        f"step {record['step']}: reward {fmt(record.get('reward_mean'))} · {trained} · v{record['policy_version']} · "
+        f"step {record['step']}: reward {reward} · {trained} · v{record['policy_version']} · "
         f"{record['time_step_s']:.1f}s (sample {record['time_sample_s']:.1f}s, train {record['time_train_s']:.1f}s)"
     )
 
