@@ -36,7 +36,7 @@ class SamplerSetting:
 _SETTING = "agl_bridge.sampler_setting"
 
 
-def _described(default: Any = dataclasses.MISSING, **setting: Any) -> Any:
+def _described(default: Any, **setting: Any) -> Any:
     """A dataclass field whose metadata holds its `SamplerSetting` (a list default is copied per instance)."""
     metadata = {_SETTING: SamplerSetting(**setting)}
     if isinstance(default, list):
