@@ -8,10 +8,14 @@ the work itself lives in the library so it can be called and tested without the 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 import math
 import os
 import time
+import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -21,6 +25,7 @@ from agl_bridge.convert.export import TrajectoryExportCounts
 from agl_bridge.export import EXPORTERS, ExportWhat
 from agl_bridge.export_files import ExportCounts, ExportFormat, ExportOutputError
 from agl_bridge.models.tiny import InvalidTinySpecError, TinyModelSpec, build_tiny
+from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError
 from agl_bridge.store.errors import RolloutNotFoundError, StoreError, StoreSchemaError
 from agl_bridge.store.export import NoStoreError, open_existing_store
 
@@ -164,7 +169,43 @@ def _check_writable_store(store: Path) -> None:
         _fail(f"cannot write the store at {store.resolve()} (read-only location); pass --store PATH somewhere writable")
 
 
+_SPEC_OPTION = "sampler_option_"
+
+
+def with_sampler_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give `command` one option per `SamplerSpec` setting that has a flag, and call it with the spec they make.
+
+    The options' flags, help and defaults are the spec's (`SamplerSetting`), so a setting added to
+    the spec with a flag appears here; `command` takes the spec as its keyword-only `spec` parameter.
+    """
+    hints = typing.get_type_hints(SamplerSpec)
+    defaults = SamplerSpec()
+    flags = {name: setting for name, setting in SamplerSpec.settings().items() if setting.flag is not None}
+    options = [
+        inspect.Parameter(
+            _SPEC_OPTION + name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=typer.Option(
+                getattr(defaults, name), str(setting.flag), metavar=setting.metavar, help=setting.help
+            ),
+            annotation=hints[name],
+        )
+        for name, setting in flags.items()
+    ]
+
+    @functools.wraps(command)
+    def with_spec(**values: Any) -> None:
+        settings = {name: values.pop(_SPEC_OPTION + name) for name in flags}
+        command(**values, spec=SamplerSpec(**settings))
+
+    signature = inspect.signature(command, eval_str=True)
+    kept = [p for p in signature.parameters.values() if p.name != "spec"]
+    with_spec.__signature__ = signature.replace(parameters=[*kept, *options])  # type: ignore[attr-defined]
+    return with_spec
+
+
 @app.command("serve")
+@with_sampler_options
 def serve_command(
     model: str = typer.Option("tiny", help="`tiny`, a local model directory, or a hub id."),
     store: Path = typer.Option(
@@ -181,39 +222,10 @@ def serve_command(
         metavar="FILE",
         help="LiteLLM config whose model_list adds other models (recorded as text-only calls).",
     ),
-    served_model_name: str | None = typer.Option(
-        None, help="Model name clients ask for (default: tiny, or the model directory's name)."
+    served_name: str | None = typer.Option(
+        None, "--served-model-name", help="Model name clients ask for (default: tiny, or the model directory's name)."
     ),
     default_max_tokens: int = typer.Option(1024, min=1, help="max_tokens for requests that do not set it."),
-    max_batch_size: int = typer.Option(64, min=1, help="Most sequences the sampler decodes together."),
-    sampler_kind: str = typer.Option(
-        "hf",
-        "--sampler",
-        metavar="hf|remote|vllm",
-        help="hf: transformers in this process; remote: vLLM-protocol servers (--sampler-url); vllm: an in-process "
-        "vLLM engine (GPU).",
-    ),
-    sampler_url: list[str] = typer.Option(
-        [],
-        "--sampler-url",
-        metavar="URL[,URL...]",
-        help="Servers a remote sampler calls (vLLM or agl-bridge serve); repeat or comma-separate for several.",
-    ),
-    sampler_api_key: str | None = typer.Option(
-        None, "--sampler-api-key", envvar="AGL_SAMPLER_API_KEY", help="Key the remote servers require."
-    ),
-    sampler_model: str | None = typer.Option(
-        None,
-        "--sampler-model",
-        metavar="NAME",
-        help="Name the remote servers serve the base model under (default: the served model name).",
-    ),
-    sampler_timeout: float = typer.Option(
-        600.0,
-        "--sampler-timeout",
-        metavar="SECONDS",
-        help="Longest wait for one remote answer before that server counts as failed.",
-    ),
     torch_threads: int | None = typer.Option(
         None,
         "--torch-threads",
@@ -222,28 +234,21 @@ def serve_command(
         help="Torch intra-op threads of the hf sampler (default: one per core but one, which is left to the HTTP "
         "server).",
     ),
+    *,
+    spec: SamplerSpec,
 ) -> None:
     """Serve the model behind the LiteLLM proxy, recording every call with exact token ids."""
-    from agl_bridge.models.loading import ModelNotFoundError, load_tokenizer, resolve_model_path
+    from agl_bridge.models.loading import ModelNotFoundError, load_tokenizer, resolve_model_path, served_model_name
     from agl_bridge.proxy.server import ProxyServer, ProxyStartError, bind_socket, choose_api_key
     from agl_bridge.proxy.server import litellm_config as litellm_config_dict
-    from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError, build_sampler, split_urls
+    from agl_bridge.sampler.factory import build_sampler
     from agl_bridge.store.errors import StoreError
 
-    name = served_model_name or ("tiny" if model.startswith("tiny") else Path(model.rstrip("/")).name)
-    spec = SamplerSpec(
-        kind=sampler_kind,
-        urls=split_urls(sampler_url),
-        api_key=sampler_api_key,
-        remote_model=sampler_model,
-        timeout_s=sampler_timeout,
-        max_batch_size=max_batch_size,
-    )
+    name = served_name or served_model_name(model)
     try:
         spec.validate()
     except SamplerSpecError as exc:
-        flags = {"sampler": "--sampler", "sampler_urls": "--sampler-url", "sampler_timeout_s": "--sampler-timeout"}
-        _fail(f"{flags.get(exc.field, exc.field)}: {exc}")
+        _fail(f"{exc.flag}: {exc}")
     _check_writable_store(store)
     try:  # refuse a public bind without a key, a taken port or a bad LiteLLM config before the (slow) model load
         choose_api_key(host, api_key)

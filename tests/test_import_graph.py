@@ -16,13 +16,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "agl_bridge"
 ROOT = "agl_bridge"
 
 # Every part may import these: they import no other part (types only semconv).
-FOUNDATION = frozenset({"_version", "semconv", "types", "export_files"})
+FOUNDATION = frozenset({"_version", "semconv", "types", "export_files", "errors"})
 
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "_env": frozenset(),
     "_version": frozenset(),
     "semconv": frozenset(),
     "export_files": frozenset(),
+    "errors": frozenset(),
     "types": frozenset({"semconv"}),
     "models": FOUNDATION,
     "store": FOUNDATION,

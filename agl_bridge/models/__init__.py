@@ -13,6 +13,7 @@ from agl_bridge.models.loading import (
     load_causal_lm,
     load_tokenizer,
     resolve_model_path,
+    served_model_name,
 )
 from agl_bridge.models.tiny import (
     ADDED_TOKENS,
@@ -38,4 +39,5 @@ __all__ = [
     "load_causal_lm",
     "load_tokenizer",
     "resolve_model_path",
+    "served_model_name",
 ]

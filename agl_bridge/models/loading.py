@@ -154,6 +154,12 @@ def resolve_model_path(name_or_path: str | os.PathLike[str]) -> str:
     )
 
 
+def served_model_name(model: str) -> str:
+    """The name clients ask for a ``--model`` value by: ``tiny`` for the built-in model (overrides
+    included), else the directory's or hub id's last part (``Qwen/Qwen3-4B`` → ``Qwen3-4B``)."""
+    return TINY_NAME if model.startswith(TINY_NAME) else Path(model.rstrip("/")).name
+
+
 def _is_offline() -> bool:
     """Whether the user asked for offline hub access (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE)."""
     return any(

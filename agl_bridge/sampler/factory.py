@@ -1,13 +1,17 @@
 """Building the sampler a command or a run asks for: `hf` (in-process transformers), `remote`
 (vLLM-protocol servers over HTTP) or `vllm` (an in-process vLLM engine, GPU only).
 
-The CLI (`agl-bridge serve --sampler ...`) and the trainer config (`sampler = ...`) both describe a
-sampler with a `SamplerSpec`; `SamplerSpecError.field` names the option that is wrong so each caller
-can report it in its own words (a flag, or a config key).
+`SamplerSpec` is the one description of the sampler settings: each field carries its default, its
+help text, its `agl-bridge serve` flag and its run-config key (`SamplerSetting`), and `validate` is
+the one check. The CLI builds its options from it and the trainer config its `sampler*` keys;
+`SamplerSpecError` names the wrong setting so each caller reports it in its own words (a flag, or a
+config key). Adding a setting: a field with its `SamplerSetting`, its check in `validate`, its use in
+`build_sampler`, and (if it has a config key) the `GRPOConfig` field defaulting to the spec's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -18,44 +22,128 @@ SamplerKind = Literal["hf", "remote", "vllm"]
 SAMPLER_KINDS: tuple[str, ...] = ("hf", "remote", "vllm")
 
 
+@dataclass(frozen=True)
+class SamplerSetting:
+    """How users spell one `SamplerSpec` field: its help text, its `agl-bridge serve` flag and its run-config
+    key (None where that side does not set it: the config derives it, or the CLI has no use for it)."""
+
+    help: str
+    flag: str | None = None
+    key: str | None = None
+    metavar: str | None = None
+
+
+_SETTING = "agl_bridge.sampler_setting"
+
+
+def _described(default: Any, **setting: Any) -> Any:
+    """A dataclass field whose metadata holds its `SamplerSetting` (a list default is copied per instance)."""
+    metadata = {_SETTING: SamplerSetting(**setting)}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 class SamplerSpecError(ValueError):
-    """A sampler option is wrong; `field` names it (sampler, sampler_urls, ...)."""
+    """A sampler setting is wrong; `field` names the `SamplerSpec` field, `flag` and `key` how the CLI and a
+    run config spell it."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
 
+    @property
+    def flag(self) -> str:
+        """The `agl-bridge serve` flag of the wrong setting (the field name if it has none)."""
+        return SamplerSpec.setting(self.field).flag or self.field
+
+    @property
+    def key(self) -> str:
+        """The run-config key of the wrong setting (the field name if it has none)."""
+        return SamplerSpec.setting(self.field).key or self.field
+
 
 @dataclass
 class SamplerSpec:
-    """Which sampler to build and its options.
+    """Which sampler to build and its options (see the module docs; each field's help is its `SamplerSetting`).
 
-    kind: hf | remote | vllm. urls: the remote servers. api_key: their key (default the
-    AGL_SAMPLER_API_KEY environment variable). remote_model: the name they serve the base model
-    under (default: the served model name). timeout_s: longest wait for one remote answer.
-    adapter_dir: where adapters are written for remote servers to load. max_batch_size: most
-    sequences sampled together (hf) / most samples per request.
+    `urls` may be given as one comma-separated string or a list of such strings; they are split.
     """
 
-    kind: str = "hf"
-    urls: list[str] = field(default_factory=list)
-    api_key: str | None = None
-    remote_model: str | None = None
-    timeout_s: float = 600.0
-    adapter_dir: str | None = None
-    max_batch_size: int = 64
-    seed: int | None = None
+    kind: str = _described(
+        "hf",
+        flag="--sampler",
+        key="sampler",
+        metavar="hf|remote|vllm",
+        help="hf: transformers in this process; remote: vLLM-protocol servers (--sampler-url); vllm: an in-process "
+        "vLLM engine (GPU).",
+    )
+    urls: list[str] = _described(
+        [],
+        flag="--sampler-url",
+        key="sampler_urls",
+        metavar="URL[,URL...]",
+        help="Servers a remote sampler calls (vLLM or agl-bridge serve); repeat or comma-separate for several.",
+    )
+    api_key: str | None = _described(
+        None,
+        flag="--sampler-api-key",
+        key="sampler_api_key",
+        help=f"Key the remote servers require (default: the {semconv.ENV_SAMPLER_API_KEY} environment variable).",
+    )
+    remote_model: str | None = _described(
+        None,
+        flag="--sampler-model",
+        key="sampler_model",
+        metavar="NAME",
+        help="Name the remote servers serve the base model under (default: the served model name).",
+    )
+    timeout_s: float = _described(
+        600.0,
+        flag="--sampler-timeout",
+        key="sampler_timeout_s",
+        metavar="SECONDS",
+        help="Longest wait for one remote answer before that server counts as failed.",
+    )
+    adapter_dir: str | None = _described(
+        None,
+        key="adapter_dir",
+        help="Where each policy version's adapter is written for remote servers or vLLM to load (a training run: "
+        "run_dir/adapters).",
+    )
+    max_batch_size: int = _described(
+        64,
+        flag="--max-batch-size",
+        help="Most sequences the sampler decodes together (hf) / most samples per request.",
+    )
+    seed: int | None = _described(None, help="Sampling seed of requests that set none (a training run: its seed).")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.urls, (str, list)):  # anything else is refused by validate(), naming the setting
+            self.urls = split_urls(self.urls)
+
+    @staticmethod
+    def setting(name: str) -> SamplerSetting:
+        """The `SamplerSetting` of field `name`."""
+        return next(f.metadata[_SETTING] for f in dataclasses.fields(SamplerSpec) if f.name == name)
+
+    @staticmethod
+    def settings() -> dict[str, SamplerSetting]:
+        """Every field's `SamplerSetting`, by field name, in declaration order."""
+        return {f.name: f.metadata[_SETTING] for f in dataclasses.fields(SamplerSpec)}
 
     def validate(self) -> None:
-        """Raise SamplerSpecError naming the first option that is wrong."""
+        """Raise SamplerSpecError naming the first setting that is wrong."""
         from agl_bridge.sampler.remote_pool import normalize_url
 
         if self.kind not in SAMPLER_KINDS:
-            raise SamplerSpecError("sampler", f"sampler must be one of {', '.join(SAMPLER_KINDS)}, got {self.kind!r}")
+            raise SamplerSpecError("kind", f"must be one of {', '.join(SAMPLER_KINDS)}, got {self.kind!r}")
+        if not isinstance(self.urls, list):
+            raise SamplerSpecError("urls", f"must be a list of URLs (or one comma-separated string), got {self.urls!r}")
         if self.kind == "remote":
             if not self.urls:
                 raise SamplerSpecError(
-                    "sampler_urls",
+                    "urls",
                     "sampler 'remote' needs at least one server URL (e.g. http://gpu-1:8000), comma-separated for "
                     "several",
                 )
@@ -63,15 +151,15 @@ class SamplerSpec:
                 try:
                     normalize_url(url)
                 except ValueError as error:
-                    raise SamplerSpecError("sampler_urls", str(error)) from None
+                    raise SamplerSpecError("urls", str(error)) from None
         elif self.urls:
             raise SamplerSpecError(
-                "sampler_urls", f"sampler URLs are only used with sampler 'remote' (sampler is {self.kind!r})"
+                "urls", f"server URLs are only used with sampler 'remote' (sampler is {self.kind!r})"
             )
         if not isinstance(self.timeout_s, (int, float)) or isinstance(self.timeout_s, bool) or self.timeout_s <= 0:
-            raise SamplerSpecError(
-                "sampler_timeout_s", f"sampler_timeout_s must be a number of seconds > 0, got {self.timeout_s!r}"
-            )
+            raise SamplerSpecError("timeout_s", f"must be a number of seconds > 0, got {self.timeout_s!r}")
+        if not isinstance(self.max_batch_size, int) or isinstance(self.max_batch_size, bool) or self.max_batch_size < 1:
+            raise SamplerSpecError("max_batch_size", f"must be an integer >= 1, got {self.max_batch_size!r}")
 
 
 def split_urls(values: list[str] | str | None) -> list[str]:

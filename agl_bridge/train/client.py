@@ -76,6 +76,9 @@ CustomLossFn = Callable[[list[Datum], list[torch.Tensor]], tuple[torch.Tensor, d
 
 _PEFT_PREFIX = "base_model.model."
 
+DEFAULT_MAX_BATCH_TOKENS = 16384
+"""Most padded tokens in one forward pass unless a client is told otherwise (what bounds activation memory)."""
+
 
 @dataclass(frozen=True)
 class AdamParams:
@@ -193,7 +196,7 @@ class TrainingClient:
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
         sampler: HFSampler | AdapterSampler | None = None,
-        max_batch_tokens: int = 16384,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
     ) -> None:
         if not isinstance(lora_rank, int) or isinstance(lora_rank, bool) or lora_rank < 1:
             raise ValueError(f"lora_rank must be an integer >= 1, got {lora_rank!r}")

@@ -12,19 +12,23 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 import yaml
 
-if TYPE_CHECKING:
-    from agl_bridge.sampler.factory import SamplerSpec
+from agl_bridge.errors import ConfigError
+from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError
+from agl_bridge.train.client import DEFAULT_MAX_BATCH_TOKENS
 
 LossName = Literal["importance_sampling", "ppo", "cispo"]
 Aggregation = Literal["token_sum", "token_mean", "sequence_mean"]
 
 
-class ConfigError(ValueError):
-    """A configuration value or key is wrong; the message names it."""
+REMOVED_KEYS = {
+    "micro_batch_size": "max_batch_tokens (the most padded tokens per forward pass: each step's batch is split by "
+    "tokens, which is what bounds memory)",
+}
+"""Keys earlier versions took, with what replaces each; a config that still sets one is refused by name."""
 
 
 @dataclass
@@ -69,7 +73,7 @@ class GRPOConfig:
     kl_coef: float = 0.0
     aggregation: Aggregation = "token_sum"
     advantage_std_scaling: bool = False
-    micro_batch_size: int = 16
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_staleness: int = 0
     concurrency: int = 16
     rollout_timeout_s: float = 300.0
@@ -84,22 +88,21 @@ class GRPOConfig:
     tensorboard: bool = True
     wandb_project: str | None = None
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-    sampler: str = "hf"
+    # The sampler keys: SamplerSpec describes them (defaults, checks, help); sampler_spec() maps them onto it.
+    sampler: str = SamplerSpec.kind
     sampler_urls: list[str] = field(default_factory=list)
-    sampler_api_key: str | None = None
-    sampler_model: str | None = None
-    sampler_timeout_s: float = 600.0
-    adapter_dir: str | None = None
+    sampler_api_key: str | None = SamplerSpec.api_key
+    sampler_model: str | None = SamplerSpec.remote_model
+    sampler_timeout_s: float = SamplerSpec.timeout_s
+    adapter_dir: str | None = SamplerSpec.adapter_dir
     litellm_config: str | None = None
 
     def validate(self) -> None:
         """Raise ConfigError naming the first value out of range."""
-        from agl_bridge.sampler.factory import SamplerSpecError
-
         try:
             self.sampler_spec().validate()
         except SamplerSpecError as error:
-            raise ConfigError(f"{error.field}: {error}") from None
+            raise ConfigError(f"{error.key}: {error}") from None
         if self.sampler != "hf" and self.train_unembedding:
             raise ConfigError(
                 f"train_unembedding cannot be used with sampler {self.sampler!r}: vLLM loads LoRA weights only, not a "
@@ -110,7 +113,7 @@ class GRPOConfig:
             "batch_size",
             "group_size",
             "lora_rank",
-            "micro_batch_size",
+            "max_batch_tokens",
             "concurrency",
             "max_attempts",
             "default_max_tokens",
@@ -147,22 +150,16 @@ class GRPOConfig:
                 raise ConfigError(f"litellm_config: {error}") from None
 
     def sampler_spec(self) -> SamplerSpec:
-        """The sampler this run samples with (`sampler`, `sampler_urls`, ... keys)."""
-        from agl_bridge.sampler.factory import SamplerSpec, split_urls
-
-        urls = self.sampler_urls
-        if not isinstance(urls, (list, str)):
-            raise ConfigError(f"sampler_urls must be a list of URLs (or one comma-separated string), got {urls!r}")
-        return SamplerSpec(
-            kind=self.sampler,
-            urls=split_urls(urls),
-            api_key=self.sampler_api_key,
-            remote_model=self.sampler_model,
-            timeout_s=self.sampler_timeout_s,
-            adapter_dir=self.adapter_dir or str(Path(self.run_dir) / "adapters"),
+        """The sampler this run samples with: its `sampler*` keys, adapters under run_dir unless
+        `adapter_dir` says otherwise, room for `concurrency` sequences, and the run's seed."""
+        keys = {name: setting.key for name, setting in SamplerSpec.settings().items() if setting.key}
+        spec = SamplerSpec(
+            **{name: getattr(self, key) for name, key in keys.items()},
             max_batch_size=max(64, self.concurrency),
             seed=self.seed,
         )
+        spec.adapter_dir = spec.adapter_dir or str(Path(self.run_dir) / "adapters")
+        return spec
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GRPOConfig:
@@ -196,6 +193,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GR
 
 def config_from_dict(raw: dict[str, Any], *, where: str = "config") -> GRPOConfig:
     """Build and validate a GRPOConfig from a mapping; unknown keys are refused by name."""
+    for key, replacement in REMOVED_KEYS.items():
+        if key in raw:
+            raise ConfigError(f"{where}: {key} was removed; use {replacement}")
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:

@@ -1,4 +1,5 @@
-"""Seeing a run: one JSON line of metrics per step, TensorBoard, W&B when asked, a live console.
+"""Seeing a run: one JSON line of metrics per step, TensorBoard, W&B when asked, a live console,
+and the figures a run ends with.
 
 `metrics.jsonl` is the source of truth (one object per step or evaluation, flushed as written, so a
 crashed run keeps everything up to its last step); the other sinks mirror it.
@@ -9,10 +10,23 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+
+
+@dataclass
+class RunSummary:
+    """The figures a run ends with."""
+
+    run_dir: Path
+    steps: int
+    wall_time_s: float
+    eval_start: float | None
+    eval_end: float | None
+    warm_start: dict[str, float | None] = field(default_factory=dict)
 
 
 class RunLog:
@@ -116,6 +130,24 @@ def drop_records_after(run_dir: str | Path, step: int) -> int:
             file.write("".join(line + "\n" for line in kept))
             file.truncate()
     return dropped
+
+
+def format_reward(value: float | None) -> str:
+    """A reward for a console line: signed, three decimals, or "n/a"."""
+    return "n/a" if value is None else f"{value:+.3f}"
+
+
+def step_line(record: dict[str, Any]) -> str:
+    """The console line of an online training step's record."""
+    loss, gap = record.get("loss"), record.get("logprob_diff_abs_mean")
+    trained = (
+        "nothing to train (equal returns in every group)" if loss is None else f"loss {loss:.4f} · |Δlogprob| {gap:.2e}"
+    )
+    reward = format_reward(record.get("reward_mean"))
+    return (
+        f"step {record['step']}: reward {reward} · {trained} · v{record['policy_version']} · "
+        f"{record['time_step_s']:.1f}s (sample {record['time_sample_s']:.1f}s, train {record['time_train_s']:.1f}s)"
+    )
 
 
 def _json_safe(value: Any) -> Any:

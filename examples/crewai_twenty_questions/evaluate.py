@@ -99,7 +99,7 @@ def play_through_proxy(tasks: list[dict[str, str]], args: argparse.Namespace, ou
     from twenty_q.tracing import enable_crewai_tracing
 
     from agl_bridge import emit_reward
-    from agl_bridge.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+    from agl_bridge.models.loading import load_causal_lm, load_tokenizer, resolve_model_path, served_model_name
     from agl_bridge.proxy.server import ProxyServer
     from agl_bridge.runner import Runner, RunnerConfig
     from agl_bridge.sampler.hf import HFSampler
@@ -129,7 +129,7 @@ def play_through_proxy(tasks: list[dict[str, str]], args: argparse.Namespace, ou
         sampler=sampler,
         tokenizer=tokenizer,
         store_path=store_path,
-        model_name="tiny" if args.model.startswith("tiny") else Path(args.model.rstrip("/")).name,
+        model_name=served_model_name(args.model),
         port=0,
         default_max_tokens=args.max_tokens,
     )

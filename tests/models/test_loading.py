@@ -177,3 +177,10 @@ def test_a_foreign_directory_in_the_cache_slot_is_reported(cache: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="delete it") as info:
         ensure_tiny_model(spec)
     assert str(slot) in str(info.value)
+
+
+def test_the_served_model_name_is_tiny_or_the_last_path_part() -> None:
+    from agl_bridge.models.loading import served_model_name
+
+    assert served_model_name("tiny") == served_model_name("tiny:hidden=64") == "tiny"
+    assert served_model_name("/models/Qwen3-4B/") == served_model_name("Qwen/Qwen3-4B") == "Qwen3-4B"

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from shared_helpers import REPO, query
 
+from agl_bridge.runner import TaskSchedule
 from agl_bridge.testing.checks import integrity
 from agl_bridge.testing.proxy_process import child_env
-from agl_bridge.train.grpo import TaskSchedule
 
 pytestmark = pytest.mark.slow
 

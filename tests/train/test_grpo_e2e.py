@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agl_bridge.train.grpo import TaskSchedule
+from agl_bridge.runner import TaskSchedule
 
 pytestmark = pytest.mark.slow
 

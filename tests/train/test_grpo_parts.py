@@ -1,9 +1,8 @@
-"""GRPO loop parts: config loading, the task schedule, advantages, datums, agent loading."""
+"""GRPO loop parts: config loading, advantages, datums."""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ import pytest
 from agl_bridge.convert import SegmentCall, Trajectory, TrajectorySegment
 from agl_bridge.train.advantages import datums_for, group_advantages
 from agl_bridge.train.config import ConfigError, config_from_dict, load_config
-from agl_bridge.train.grpo import TaskSchedule, load_agent, sft_datum
 
 
 def test_config_files_in_three_formats(tmp_path: Path) -> None:
@@ -63,16 +61,6 @@ def test_a_litellm_config_is_resolved_next_to_the_run_config_and_checked(tmp_pat
         config_from_dict({"litellm_config": str(tmp_path / "missing.yaml")})
 
 
-def test_schedule_is_deterministic_and_covers_each_epoch_once() -> None:
-    schedule = TaskSchedule(list(range(10)), batch_size=4, seed=3)
-    steps = [schedule.for_step(k) for k in range(5)]  # 20 positions = exactly two epochs
-    assert steps == [TaskSchedule(list(range(10)), 4, 3).for_step(k) for k in range(5)]
-    flat = [t for step in steps for t in step]
-    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:]) == list(range(10))
-    assert flat[:10] != flat[10:], "each epoch is shuffled anew"
-    assert TaskSchedule(list(range(10)), 4, 4).for_step(0) != steps[0]
-
-
 def _trajectory(rollout: str, group: str, reward: float, tokens: int = 6) -> Trajectory:
     segment = TrajectorySegment(
         input_ids=list(range(tokens)),
@@ -115,26 +103,9 @@ def test_datums_carry_scaled_advantages_on_sampled_tokens_only(aggregation: str,
     assert first["logprobs"][2:] == [-1.0, -1.0, -1.0]
 
 
-def test_load_agent(tmp_path: Path) -> None:
-    (tmp_path / "my_agent.py").write_text("def run(task, endpoint):\n    return 1.0\n")
-    assert load_agent(f"{tmp_path / 'my_agent.py'}:run")(None, None) == 1.0
-    assert load_agent("json:dumps") is json.dumps
-    assert load_agent(["python", "agent.py"]).argv == ["python", "agent.py"]
-    for spec, message in (
-        ("nocolon", "must look like"),
-        (f"{tmp_path / 'nope.py'}:run", "does not exist"),
-        ("json:nothing", "no function"),
-    ):
-        with pytest.raises(ConfigError, match=message):
-            load_agent(spec)
-
-
-def test_sft_datum_trains_only_the_response(tiny_tokenizer) -> None:
-    from agl_bridge.chat import ChatCodec
-
-    codec = ChatCodec(tiny_tokenizer)
-    datum = sft_datum(codec, "Say you are 7.", "I'm 7.")
-    weights = datum.loss_fn_inputs["weights"]
-    trained = [t for t, w in zip(datum.loss_fn_inputs["target_tokens"], weights, strict=False) if w]
-    assert tiny_tokenizer.decode(trained) == "I'm 7.<|im_end|>"
-    assert not math.isnan(sum(weights))
+def test_the_removed_micro_batch_size_is_refused_naming_its_replacement() -> None:
+    with pytest.raises(ConfigError, match="micro_batch_size was removed; use max_batch_tokens"):
+        config_from_dict({"micro_batch_size": 8})
+    assert config_from_dict({"max_batch_tokens": 4096}).max_batch_tokens == 4096
+    with pytest.raises(ConfigError, match="max_batch_tokens must be an integer >= 1"):
+        config_from_dict({"max_batch_tokens": 0})

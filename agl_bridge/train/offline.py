@@ -1,0 +1,87 @@
+"""Offline GRPO: steps over recorded trajectories (a store or an export), without running any agent.
+
+Groups (the rollouts of one task in one step, by group id) are taken `batch_size` per step in a
+seeded order; the data's sampler logprobs come from older policies, which the truncated importance
+sampling corrects. Each step: groups → advantages → datums → train; checkpoints as online.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from agl_bridge.convert import Trajectory, convert_store, group_trajectories, iter_trajectories
+from agl_bridge.errors import ConfigError
+from agl_bridge.models.loading import resolve_model_path
+from agl_bridge.runner import TaskSchedule
+from agl_bridge.store.sqlite import SQLiteStore
+from agl_bridge.train.advantages import datums_for, group_advantages
+from agl_bridge.train.client import TrainingClient
+from agl_bridge.train.config import GRPOConfig
+from agl_bridge.train.loop_state import resume_latest, save_checkpoint
+from agl_bridge.train.metrics import reward_stats
+from agl_bridge.train.run_log import RunLog, RunSummary, format_reward
+from agl_bridge.train.step import grpo_settings, train_step
+
+
+async def offline_groups(path: str) -> list[list[Trajectory]]:
+    """The GRPO groups of recorded trajectories: from a store (converted now) or an exported file."""
+    if Path(path).suffix in (".sqlite", ".db", ".sqlite3"):
+        async with SQLiteStore(path) as store:
+            trajectories = [t async for t in convert_store(store)]
+    else:
+        trajectories = list(iter_trajectories(path))
+    return list(group_trajectories(trajectories).values())
+
+
+def train_offline(config: GRPOConfig, log: RunLog, *, resume: bool = False) -> RunSummary:
+    """GRPO on `config.offline_data` for `config.steps` steps; with `resume`, from the last checkpoint."""
+    started = time.monotonic()
+    run_dir = Path(config.run_dir)
+    assert config.offline_data is not None  # GRPOTrainer comes here only with offline data
+    groups = asyncio.run(offline_groups(config.offline_data))
+    if not groups:
+        raise ConfigError(f"{config.offline_data} holds no trainable trajectories")
+    schedule = TaskSchedule(groups, config.batch_size, config.seed)
+    settings = grpo_settings(config)
+    client = TrainingClient(
+        resolve_model_path(config.model),
+        lora_rank=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        train_unembedding=config.train_unembedding,
+        seed=config.seed,
+        max_batch_tokens=config.max_batch_tokens,
+    )
+    try:
+        state = resume_latest(client, run_dir, config.seed, log, sync=False) if resume else None
+        log.say(
+            f"offline GRPO on {sum(map(len, groups))} trajectories in {len(groups)} groups from {config.offline_data}"
+        )
+        for step in range(0 if state is None else int(state["next_step"]), config.steps):
+            began = time.perf_counter()
+            members = [t for group in schedule.for_step(step) for t in group]
+            batch = group_advantages(members, std_scaling=config.advantage_std_scaling)
+            datums = datums_for(batch.items, config.aggregation) if batch.items else []
+            metrics = asyncio.run(train_step(client, datums, settings))
+            record = {
+                "phase": "train",
+                "step": step + 1,
+                "offline": True,
+                **reward_stats(members),
+                "trajectories": len(members),
+                "groups": batch.groups,
+                "groups_zero_variance": batch.groups_dropped_zero_variance,
+                "datums": len(datums),
+                **metrics,
+                "time_step_s": round(time.perf_counter() - began, 4),
+            }
+            log.write(record)
+            reward = format_reward(record.get("reward_mean"))
+            log.say(f"offline step {step + 1}: reward {reward} · loss {record.get('loss')}")
+            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+                save_checkpoint(client, run_dir, step + 1, None, config.seed, log)
+        client.save_weights_for_sampler(run_dir / "final_adapter")
+    finally:
+        client.close()
+    return RunSummary(run_dir, config.steps, time.monotonic() - started, None, None)

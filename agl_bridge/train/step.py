@@ -1,0 +1,67 @@
+"""One optimizer step, the same in every training mode: forward_backward over the batch, then optim_step.
+
+`TrainingClient.forward_backward` splits the batch into micro-batches of at most `max_batch_tokens`
+padded tokens (the one knob that bounds memory) and adds up their gradients; `train_step` takes one
+AdamW step on the sum and returns the metrics a run logs. Online GRPO, offline GRPO and the
+supervised warm start differ only in their datums and their `StepSettings`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from agl_bridge.train.client import AdamParams, TrainingClient
+from agl_bridge.train.config import GRPOConfig
+from agl_bridge.train.datum import Datum
+
+TRAIN_KEYS = ("loss", "grad_norm", "lr", "ratio_mean", "logprob_diff_abs_mean", "logprob_diff_abs_max", "entropy_mean")
+"""The step metrics a record keeps (as None) when there was nothing to train."""
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What one step optimises and how: the loss, its settings, and the AdamW hyper-parameters."""
+
+    loss_fn: str
+    loss_config: dict[str, Any] | None
+    adam: AdamParams
+
+
+def grpo_settings(config: GRPOConfig) -> StepSettings:
+    """The GRPO step of a run config: its loss (TIS cap for importance sampling, clip ratios for ppo / cispo)."""
+    loss_config: dict[str, Any] = {"kl_coef": config.kl_coef}
+    if config.loss_fn == "importance_sampling" and config.tis_cap is not None:
+        loss_config["tis_cap"] = config.tis_cap
+    if config.loss_fn in ("ppo", "cispo"):
+        loss_config |= {
+            "clip_low_threshold": config.clip_low_threshold,
+            "clip_high_threshold": config.clip_high_threshold,
+        }
+    adam = AdamParams(
+        learning_rate=config.learning_rate,
+        beta1=config.beta1,
+        beta2=config.beta2,
+        weight_decay=config.weight_decay,
+        grad_clip_norm=config.grad_clip_norm,
+    )
+    return StepSettings(config.loss_fn, loss_config, adam)
+
+
+async def train_step(client: TrainingClient, datums: list[Datum], settings: StepSettings) -> dict[str, Any]:
+    """forward_backward over `datums`, then one optim_step; their metrics plus the compute time.
+
+    No datums (every group had equal returns): nothing to learn, no step; the record keeps its keys.
+    """
+    if not datums:
+        return {key: None for key in TRAIN_KEYS} | {"trained_tokens": 0, "time_forward_backward_s": 0.0}
+    began = time.perf_counter()
+    output = await client.forward_backward_async(datums, settings.loss_fn, settings.loss_config)
+    optim = await client.optim_step_async(settings.adam)
+    compute = time.perf_counter() - began
+    metrics: dict[str, Any] = {key: value for key, value in output.metrics.items() if key != "time_s"}
+    metrics.update({("optimizer_step" if key == "step" else key): value for key, value in optim.metrics.items()})
+    metrics["trained_tokens"] = sum(1 for d in datums for w in d.loss_fn_inputs["weights"] if w)
+    metrics["time_forward_backward_s"] = round(compute, 4)
+    return metrics

@@ -1,0 +1,66 @@
+"""The supervised warm start (cold-start SFT) before RL: `cross_entropy` on (prompt, response) pairs.
+
+Each of `warm_start.steps` steps trains on `warm_start.batch_size` pairs drawn with the run's seed,
+the loss averaged over the batch's trained tokens; then the new weights go to the sampler, so the
+RL that follows starts from them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from agl_bridge.chat import ChatCodec
+from agl_bridge.errors import ConfigError
+from agl_bridge.runner import load_tasks
+from agl_bridge.train.client import AdamParams, TrainingClient
+from agl_bridge.train.config import GRPOConfig
+from agl_bridge.train.datum import Datum
+from agl_bridge.train.run_log import RunLog
+from agl_bridge.train.step import StepSettings, train_step
+
+
+def load_pairs(data: str | None) -> list[tuple[Any, str]]:
+    """The (prompt, response) pairs of a JSONL file of {"prompt": str or messages, "response": str} records."""
+    if not data:
+        return []
+    pairs = []
+    for index, record in enumerate(load_tasks(data), start=1):
+        if not isinstance(record, dict) or "prompt" not in record or "response" not in record:
+            raise ConfigError(f'{data}, record {index}: expected {{"prompt": ..., "response": ...}}')
+        pairs.append((record["prompt"], str(record["response"])))
+    return pairs
+
+
+def sft_datum(codec: ChatCodec, prompt: Any, response: str) -> Datum:
+    """A cross_entropy datum: the chat-templated prompt (mask 0) then the response + end-of-turn (mask 1)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    prompt_ids = codec.encode_prompt(messages).token_ids
+    response_ids = codec.tokenizer(response, add_special_tokens=False)["input_ids"] + [codec.stop_token_ids[0]]
+    tokens = prompt_ids + response_ids
+    return Datum.from_sequence(tokens, [0] * len(prompt_ids) + [1] * len(response_ids))
+
+
+async def warm_start(
+    client: TrainingClient, tokenizer: Any, pairs: Sequence[tuple[Any, str]], config: GRPOConfig, log: RunLog
+) -> None:
+    """Run the config's warm-start steps on `pairs`, then hand the new weights to the sampler."""
+    warm = config.warm_start
+    codec = ChatCodec(tokenizer)
+    rng = random.Random(config.seed)
+    settings = StepSettings(
+        "cross_entropy", None, AdamParams(learning_rate=warm.learning_rate, grad_clip_norm=config.grad_clip_norm)
+    )
+    log.say(f"supervised warm start: {warm.steps} steps × {warm.batch_size} examples (cross_entropy), then RL")
+    for index in range(warm.steps):
+        drawn = [rng.choice(pairs) for _ in range(warm.batch_size)]
+        datums = [sft_datum(codec, prompt, response) for prompt, response in drawn]
+        tokens = sum(sum(d.loss_fn_inputs["weights"]) for d in datums)
+        for datum in datums:
+            datum.loss_fn_inputs["weights"] = [w / tokens for w in datum.loss_fn_inputs["weights"]]
+        metrics = await train_step(client, datums, settings)
+        if (index + 1) % max(1, warm.steps // 5) == 0 or index + 1 == warm.steps:
+            log.write({"phase": "warm_start", "step": index + 1, "loss": metrics.get("loss")})
+            log.say(f"warm start {index + 1}/{warm.steps}: loss {metrics.get('loss', float('nan')):.3f}")
+    await client.save_weights_and_get_sampling_client_async()
