@@ -177,3 +177,9 @@ def test_a_foreign_directory_in_the_cache_slot_is_reported(cache: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="delete it") as info:
         ensure_tiny_model(spec)
     assert str(slot) in str(info.value)
+
+
+def test_tiny_family_override() -> None:
+    assert parse_tiny_spec("tiny:family=gemma2,hidden=64") == TinyModelSpec(hidden=64, family="gemma2")
+    with pytest.raises(ModelNotFoundError, match="family must be one of qwen3, llama"):
+        parse_tiny_spec("tiny:family=bert")
