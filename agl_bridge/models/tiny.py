@@ -120,9 +120,11 @@ class TinyModelSpec:
         if self.family not in FAMILIES:
             raise InvalidTinySpecError("family", f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
 
-    def build_args(self) -> dict:
-        """The arguments as recorded in the marker and fingerprint; the default family is left out, so
-        Qwen3 builds keep the names they had before families existed."""
+    def build_args(self) -> dict[str, object]:
+        """The arguments as the marker and the fingerprint record them.
+
+        The default family is left out, so Qwen3 builds keep the fingerprints they had before families.
+        """
         args = asdict(self)
         if self.family == DEFAULT_FAMILY:
             del args["family"]
