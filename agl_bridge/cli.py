@@ -24,6 +24,7 @@ import typer
 from agl_bridge.convert.export import TrajectoryExportCounts
 from agl_bridge.export import EXPORTERS, ExportWhat
 from agl_bridge.export_files import ExportCounts, ExportFormat, ExportOutputError
+from agl_bridge.models.families import FAMILIES
 from agl_bridge.models.tiny import InvalidTinySpecError, TinyModelSpec, build_tiny
 from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError
 from agl_bridge.store.errors import RolloutNotFoundError, StoreError, StoreSchemaError
@@ -57,9 +58,14 @@ def tiny_model(
     vocab: int = typer.Option(TinyModelSpec.vocab, help="Tokenizer size, special and added tokens included."),
     seed: int = typer.Option(TinyModelSpec.seed, help="Seed of the random weights."),
     initializer_range: float = typer.Option(TinyModelSpec.initializer_range, help="Std of the random weights."),
+    family: str = typer.Option(
+        TinyModelSpec.family, help=f"Architecture: {', '.join(FAMILIES)} (same tokenizer and chat template)."
+    ),
 ) -> None:
-    """Build the offline tiny test model (byte-level BPE tokenizer + random Qwen3) into OUT_DIR."""
-    spec = TinyModelSpec(hidden=hidden, layers=layers, vocab=vocab, seed=seed, initializer_range=initializer_range)
+    """Build the offline tiny test model (byte-level BPE tokenizer + a random model, Qwen3 by default) into OUT_DIR."""
+    spec = TinyModelSpec(
+        hidden=hidden, layers=layers, vocab=vocab, seed=seed, initializer_range=initializer_range, family=family
+    )
     started = time.perf_counter()
     try:
         info = build_tiny(out_dir, spec)
@@ -70,7 +76,7 @@ def tiny_model(
     elapsed = time.perf_counter() - started
     typer.echo(f"Wrote tiny model to {info.path.resolve()} in {elapsed:.1f}s")
     typer.echo(
-        f"  vocab {info.vocab_size}, hidden {spec.hidden}, layers {spec.layers}, seed {spec.seed}: "
+        f"  {spec.family}, vocab {info.vocab_size}, hidden {spec.hidden}, layers {spec.layers}, seed {spec.seed}: "
         f"{info.num_parameters:,} parameters, {info.bytes_on_disk / 1e6:.1f} MB on disk"
     )
     typer.echo(f"  eos <|im_end|> = {info.eos_token_id}, pad <|endoftext|> = {info.pad_token_id}")
@@ -242,6 +248,7 @@ def serve_command(
     from agl_bridge.proxy.server import ProxyServer, ProxyStartError, bind_socket, choose_api_key
     from agl_bridge.proxy.server import litellm_config as litellm_config_dict
     from agl_bridge.sampler.factory import build_sampler
+    from agl_bridge.sampler.kv_batch import UnsupportedArchitectureError
     from agl_bridge.store.errors import StoreError
 
     name = served_name or served_model_name(model)
@@ -267,7 +274,7 @@ def serve_command(
         path = resolve_model_path(model)
         tokenizer = load_tokenizer(path)
         sampler = build_sampler(spec, path, tokenizer, served_name=name)
-    except (ModelNotFoundError, OSError) as exc:
+    except (ModelNotFoundError, OSError, UnsupportedArchitectureError) as exc:
         _fail(f"cannot load model {model!r}: {exc}")
     except ImportError as exc:  # --sampler vllm without vLLM or without a GPU: the message says what to install
         _fail(str(exc))

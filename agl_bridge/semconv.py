@@ -4,9 +4,12 @@ Every module that writes or reads a span, a routing header or an `AGL_*` variabl
 from here, so that the proxy, the tracing processor, the OTLP receiver and the converter cannot
 drift apart (a renamed key silently turning into "no spans found" is the failure this prevents).
 
-Attribute keys follow the OpenTelemetry GenAI semantic conventions where one exists
-(`gen_ai.*`); everything the conventions do not cover (token ids, logprobs, rollout routing,
-rewards) lives under our own `agl.` prefix.
+LLM-call spans follow the OpenTelemetry GenAI semantic conventions for inference spans (span name
+`{gen_ai.operation.name} {gen_ai.request.model}`, kind CLIENT, `gen_ai.*` attributes; checked
+against the conventions of 2026, which are still in development upstream); reward spans also carry
+the `gen_ai.evaluation.*` attributes of the convention's evaluation result. Everything the
+conventions do not cover (token ids, logprobs, policy versions, rollout and attempt routing) lives
+under our own `agl.` prefix. docs/telemetry.md lists every attribute we write.
 
 Value encodings of our attributes (OTel attributes are flat scalars or homogeneous arrays):
   - token id lists and logprob lists are native OTel arrays (int / float sequences);
@@ -20,17 +23,17 @@ from typing import Final
 
 # --- span names ---------------------------------------------------------------------------------
 
-SPAN_LLM_CALL: Final = "agl.llm_call"
-"""One span per LLM call served through the proxy (or reported by an instrumented client)."""
-
 SPAN_REWARD: Final = "agl.reward"
 """One span per `emit_reward(...)`."""
 
 SPAN_ROLLOUT: Final = "agl.rollout"
 """Optional parent span the runner opens around one attempt of one rollout."""
 
-SPAN_NAMES: Final = frozenset({SPAN_LLM_CALL, SPAN_REWARD, SPAN_ROLLOUT})
-"""Every span name agl_bridge writes; spans with other names are not ours."""
+
+def llm_call_span_name(operation: str, model: str) -> str:
+    """Name of the span of one LLM call: `{gen_ai.operation.name} {gen_ai.request.model}`, e.g. `chat tiny`."""
+    return f"{operation} {model}"
+
 
 # --- OpenTelemetry GenAI semantic-convention keys -----------------------------------------------
 
@@ -40,20 +43,29 @@ GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
 GEN_AI_OPERATION_CHAT: Final = "chat"
 """Value of `gen_ai.operation.name` for chat completions."""
 
-GEN_AI_SYSTEM: Final = "gen_ai.system"
-"""The provider, older convention name (kept for readers of older spans and tools)."""
+GEN_AI_OPERATION_TEXT_COMPLETION: Final = "text_completion"
+"""Value of `gen_ai.operation.name` for token-prompt `/v1/completions` calls."""
 
 GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
-"""The provider, current convention name (replaces `gen_ai.system`)."""
+"""The provider (required by the convention; replaces the older `gen_ai.system`)."""
+
+GEN_AI_PROVIDER_AGL_BRIDGE: Final = "agl_bridge"
+"""`gen_ai.provider.name` of calls served by our token sampler (HF in-process, or vLLM behind it)."""
+
+GEN_AI_PROVIDER_LITELLM: Final = "litellm"
+"""`gen_ai.provider.name` of text-only calls the proxy routed through LiteLLM to another model."""
+
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+"""The conversation a call belongs to: the rollout id (absent outside rollouts)."""
+
+GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
+"""The agent (or sub-agent) that made the call, when the request named it (`x-agent-name`)."""
 
 GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
 """The model name the client asked for."""
 
 GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
 """The model name that actually answered."""
-
-GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
-"""The completion id returned to the client."""
 
 GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
 """Array of finish reasons, one per choice (OpenAI vocabulary: stop, length, tool_calls, ...)."""
@@ -74,7 +86,22 @@ GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
 """The client's nucleus sampling mass."""
 
 GEN_AI_REQUEST_SEED: Final = "gen_ai.request.seed"
-"""The client's sampling seed."""
+"""The client's sampling seed (only when it sent one)."""
+
+GEN_AI_REQUEST_TOP_K: Final = "gen_ai.request.top_k"
+"""The client's top-k cut (only when one applies)."""
+
+GEN_AI_REQUEST_STOP_SEQUENCES: Final = "gen_ai.request.stop_sequences"
+"""String array: the client's stop strings (only when it sent some)."""
+
+GEN_AI_REQUEST_CHOICE_COUNT: Final = "gen_ai.request.choice.count"
+"""The client's `n` (only when it is not 1)."""
+
+GEN_AI_EVALUATION_NAME: Final = "gen_ai.evaluation.name"
+"""On reward spans: the reward's name (the convention's evaluation metric name)."""
+
+GEN_AI_EVALUATION_SCORE_VALUE: Final = "gen_ai.evaluation.score.value"
+"""On reward spans: the reward value (float)."""
 
 # --- agl_bridge keys ----------------------------------------------------------------------------
 
@@ -87,9 +114,6 @@ none: a process that runs exactly one rollout can be attributed once for all its
 
 AGL_ATTEMPT_ID: Final = "agl.attempt_id"
 """The attempt of that rollout a span belongs to (span attribute, or resource attribute as above)."""
-
-AGL_SEQUENCE: Final = "agl.sequence"
-"""Store-allocated order number within (rollout, attempt); ordering never uses wall clocks."""
 
 AGL_CHOICE_INDEX: Final = "agl.choice_index"
 """Which of the n choices of one request this span records (0 for n=1)."""
@@ -126,9 +150,6 @@ AGL_RESPONSE_TEXT: Final = "agl.response.text"
 
 AGL_PREFIX_BREAKS: Final = "agl.prefix_breaks"
 """JSON string: where this prompt stopped extending the previous turn's tokens (see chat/)."""
-
-AGL_AGENT_NAME: Final = "agl.agent_name"
-"""Name of the agent (or sub-agent) that made the call, when known."""
 
 AGL_REWARD_NAME: Final = "agl.reward.name"
 """Name of a reward (several named rewards may be emitted per rollout)."""

@@ -39,6 +39,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     # the harness of the reliability tests and benchmarks: proxies in subprocesses, load, fuzzing.
     "testing": FOUNDATION | {"chat", "models", "proxy", "runner", "sampler", "store", "tracing"},
     "sampling_demo": FOUNDATION | {"chat", "models", "sampler"},
+    "__main__": frozenset({"cli"}),  # `python -m agl_bridge` is the CLI
     "cli": FOUNDATION
     | {
         "chat",

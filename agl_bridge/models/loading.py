@@ -4,7 +4,7 @@ Accepted values:
 
 * ``tiny`` — the built-in offline test model, built on first use into
   ``$AGL_BRIDGE_CACHE/models/tiny-<fingerprint>`` (default cache ``~/.cache/agl_bridge``).
-  ``tiny:hidden=64,layers=1,seed=3`` overrides build arguments (see TinyModelSpec). The bare
+  ``tiny:hidden=64,layers=1,seed=3`` or ``tiny:family=gemma2`` overrides build arguments (see TinyModelSpec). The bare
   word always means the built-in model; a local directory called ``tiny`` is ``./tiny``.
 * a local directory containing ``config.json`` (a Hugging Face model directory).
 * a hub id such as ``Qwen/Qwen3-0.6B`` that is not an existing path: returned as is, and
@@ -66,7 +66,7 @@ def parse_tiny_spec(name: str) -> TinyModelSpec | None:
                 f"bad tiny-model override {item!r} in {name!r}: expected key=value with key one of "
                 f"{', '.join(types)}, e.g. 'tiny:hidden=64,layers=1,seed=3'"
             )
-        convert = float if types[key] in (float, "float") else int
+        convert = {"float": float, "str": str}.get(str(types[key]), int)
         try:
             overrides[key] = convert(value.strip())
         except ValueError:

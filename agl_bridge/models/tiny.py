@@ -1,10 +1,12 @@
-"""Build the offline tiny test model: a byte-level BPE tokenizer and a random Qwen3 causal LM.
+"""Build the offline tiny test model: a byte-level BPE tokenizer and a random causal LM (Qwen3 by default).
 
 Everything is built from text shipped in this package, so tests, demos and CI never need the
 Hugging Face hub. The result is a normal Hugging Face model directory (``config.json``,
 ``model.safetensors``, ``tokenizer.json``, ``chat_template.jinja``, ...) that plain
 ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained`` load, plus a marker file
-(``agl_bridge_tiny.json``) recording how it was built.
+(``agl_bridge_tiny.json``) recording how it was built. ``family`` picks the architecture (Llama,
+Qwen2, Qwen3, Qwen3-MoE, Mistral, Gemma 2/3, Phi-3, GPT-2: see ``families.py``); every family gets
+the same tokenizer and ChatML template.
 
 The same arguments always give a byte-identical directory: the tokenizer trainer is
 deterministic for a fixed corpus, and the weights are drawn from a private ``torch.Generator``
@@ -19,6 +21,8 @@ import os
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+
+from agl_bridge.models.families import DEFAULT_FAMILY, FAMILIES, NUM_ATTENTION_HEADS, family_config
 
 TINY_FORMAT_VERSION = 1
 """Bump whenever a change here changes what a build with the same arguments produces."""
@@ -42,8 +46,6 @@ ADDED_TOKENS: tuple[str, ...] = (
 )
 """Markup tokens that are single ids but ordinary text (``special=False``), as in Qwen; the last ids."""
 
-NUM_ATTENTION_HEADS = 4
-NUM_KEY_VALUE_HEADS = 2
 MAX_POSITION_EMBEDDINGS = 4096
 
 # Qwen2/Qwen3's pre-tokenizer split: digits are split one by one, so "42" is "4" "2" as in Qwen.
@@ -75,6 +77,7 @@ class TinyModelSpec:
       so the random model's next-token distribution is peaked (at hidden 128: logit std ~2.3, mean
       entropy ~5.2 nats against 7.6 for uniform, mean top-1 probability ~0.11). Greedy decoding
       is then stable under float noise, and sampling still varies enough for RL to learn from.
+    family: the architecture, a key of ``FAMILIES`` (default qwen3).
     """
 
     hidden: int = 128
@@ -82,6 +85,7 @@ class TinyModelSpec:
     vocab: int = 2048
     seed: int = 0
     initializer_range: float = 0.2
+    family: str = DEFAULT_FAMILY
 
     def __post_init__(self) -> None:
         # 1 and 1.0 must be the same build: the marker and the cache fingerprint serialise this value.
@@ -113,11 +117,23 @@ class TinyModelSpec:
                 "initializer_range",
                 f"initializer_range must be a number in (0, 10], got {self.initializer_range!r}",
             )
+        if self.family not in FAMILIES:
+            raise InvalidTinySpecError("family", f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+
+    def build_args(self) -> dict[str, object]:
+        """The arguments as the marker and the fingerprint record them.
+
+        The default family is left out, so Qwen3 builds keep the fingerprints they had before families.
+        """
+        args = asdict(self)
+        if self.family == DEFAULT_FAMILY:
+            del args["family"]
+        return args
 
     def fingerprint(self) -> str:
         """Short hash of these arguments, the format version and the corpus: names a cached build."""
         payload = json.dumps(
-            {"format_version": TINY_FORMAT_VERSION, "args": asdict(self), "corpus_sha256": corpus_sha256()},
+            {"format_version": TINY_FORMAT_VERSION, "args": self.build_args(), "corpus_sha256": corpus_sha256()},
             sort_keys=True,
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
@@ -221,47 +237,41 @@ def _wrap_tokenizer(tokenizer):
 
 
 def _init_weights(model, spec: TinyModelSpec) -> None:
-    """Draw every matrix from N(0, initializer_range) with a private generator; norm scales are 1."""
+    """Draw every matrix from N(0, initializer_range) with a private generator.
+
+    Vectors (norm scales, biases) keep the constants the architecture's own init gives them: scale 1
+    (Gemma's zero-centred norms 0), bias 0.
+    """
     import torch
 
     generator = torch.Generator(device="cpu").manual_seed(spec.seed)
     with torch.no_grad():
         # Sorted names fix the draw order independently of module registration order.
-        for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
-            if param.ndim == 1:
-                if "norm" not in name:
-                    raise RuntimeError(f"unexpected 1-D parameter {name} in the tiny model")
-                param.fill_(1.0)
-            else:
+        for _, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+            if param.ndim > 1:
                 param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float32) * spec.initializer_range)
 
 
 def _build_model(spec: TinyModelSpec, vocab_size: int, eos_id: int, pad_id: int):
-    """Create the random Qwen3ForCausalLM for ``spec``, with its generation config."""
+    """Create the random causal LM of ``spec.family`` for ``spec``, with its generation config."""
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
-    config = Qwen3Config(
+    config = family_config(
+        spec.family,
         vocab_size=vocab_size,
-        hidden_size=spec.hidden,
-        intermediate_size=3 * spec.hidden,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=NUM_ATTENTION_HEADS,
-        num_key_value_heads=NUM_KEY_VALUE_HEADS,
-        head_dim=spec.hidden // NUM_ATTENTION_HEADS,
-        max_position_embeddings=MAX_POSITION_EMBEDDINGS,
-        max_window_layers=spec.layers,
+        hidden=spec.hidden,
+        layers=spec.layers,
+        max_positions=MAX_POSITION_EMBEDDINGS,
         initializer_range=spec.initializer_range,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        dtype="float32",
+        eos_id=eos_id,
+        pad_id=pad_id,
     )
-    # transformers' own init draws from the global RNG; fork it so building leaves callers' RNG alone
-    # (our _init_weights then overwrites every parameter from a private generator anyway).
+    # transformers' own init draws from the global RNG; fork and seed it so building is deterministic
+    # and leaves callers' RNG alone (_init_weights then redraws every matrix from a private generator).
     with torch.random.fork_rng(devices=[]):
-        model = Qwen3ForCausalLM(config)
+        torch.manual_seed(spec.seed)
+        model = AutoModelForCausalLM.from_config(config)
     _init_weights(model, spec)
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None)
     return model
@@ -317,7 +327,7 @@ def build_tiny(out_dir: str | os.PathLike[str], spec: TinyModelSpec | None = Non
     marker_payload = {
         "format_version": TINY_FORMAT_VERSION,
         "builder": "agl_bridge.models.tiny.build_tiny",
-        "args": asdict(spec),
+        "args": spec.build_args(),
         "fingerprint": spec.fingerprint(),
         "corpus_sha256": corpus_sha256(),
         "vocab_size": len(hf_tokenizer),
@@ -346,10 +356,13 @@ def build_tiny_model(
     vocab: int = 2048,
     seed: int = 0,
     initializer_range: float = TinyModelSpec.initializer_range,
+    family: str = DEFAULT_FAMILY,
 ) -> Path:
-    """Build the offline tiny tokenizer + random Qwen3 model into ``out_dir`` and return its path.
+    """Build the offline tiny tokenizer + random model (Qwen3 unless ``family`` says) into ``out_dir``; return its path.
 
     See TinyModelSpec for the arguments and build_tiny for the directory rules.
     """
-    spec = TinyModelSpec(hidden=hidden, layers=layers, vocab=vocab, seed=seed, initializer_range=initializer_range)
+    spec = TinyModelSpec(
+        hidden=hidden, layers=layers, vocab=vocab, seed=seed, initializer_range=initializer_range, family=family
+    )
     return build_tiny(out_dir, spec).path

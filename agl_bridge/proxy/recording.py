@@ -2,8 +2,9 @@
 
 A call is written durably before its response is handed back, so a reward the agent emits after
 reading the response always gets a later store sequence than the call. The OTel span carries the
-same data (GenAI semantic-convention keys plus ours) for users who export traces elsewhere; its
-attributes are only built when a real tracer provider records it.
+same data for users who export traces elsewhere, following the GenAI semantic conventions (name
+`chat {model}`, kind CLIENT, `gen_ai.*` attributes) plus our `agl.*` keys for what they lack
+(docs/telemetry.md); its attributes are only built when a real tracer provider records it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from agl_bridge import semconv
 from agl_bridge.proxy.request import ChatRequest, ChatResult, RolloutRoute
@@ -43,6 +45,7 @@ class CallRecorder:
             messages=request.messages,
             prefix_breaks=breaks,
             started=started,
+            request=request,
         )
 
     async def record_completion(
@@ -71,6 +74,7 @@ class CallRecorder:
         messages: list[dict[str, Any]],
         prefix_breaks: list[dict[str, Any]],
         started: float,
+        request: ChatRequest | None = None,
     ) -> list[int]:
         """Choices of one request share one store sequence (told apart by choice_index)."""
         ended = time.time()
@@ -100,7 +104,7 @@ class CallRecorder:
             )
             for index, (sampled, text, finish_reason) in enumerate(choices)
         ]
-        return await self._commit(calls)
+        return await self._commit(calls, request)
 
     async def record_text_call(
         self,
@@ -130,26 +134,33 @@ class CallRecorder:
         )
         return (await self._commit([call]))[0]
 
-    async def _commit(self, calls: list[LLMCall]) -> list[int]:
+    async def _commit(self, calls: list[LLMCall], request: ChatRequest | None = None) -> list[int]:
         for call in calls:
-            span = self.tracer.start_span(semconv.SPAN_LLM_CALL, start_time=_ns(call.started_at))
+            name = semconv.llm_call_span_name(_operation(call), call.model)
+            span = self.tracer.start_span(name, kind=SpanKind.CLIENT, start_time=_ns(call.started_at))
             context = span.get_span_context()
             if context.is_valid:
                 call.span_id, call.trace_id = f"{context.span_id:016x}", f"{context.trace_id:032x}"
             else:
                 call.span_id, call.trace_id = secrets.token_hex(8), secrets.token_hex(16)
             if span.is_recording():
-                span.set_attributes(span_attributes(call))
+                span.set_attributes(span_attributes(call, request))
             span.end(end_time=_ns(call.ended_at))
         if len(calls) == 1:
             return [await self.store.add_llm_call(calls[0])]
         return await self.store.add_llm_calls(calls)
 
 
-def span_attributes(call: LLMCall) -> dict[str, Any]:
-    """The OTel attributes of an LLM-call span (GenAI semantic conventions plus agl.*)."""
+def span_attributes(call: LLMCall, request: ChatRequest | None = None) -> dict[str, Any]:
+    """The OTel attributes of an LLM-call span: GenAI semantic conventions, plus agl.* for what they lack.
+
+    `request` (the chat request the call answered) adds the convention's request attributes.
+    """
+    token_call = call.kind == semconv.CALL_KIND_TOKEN
+    provider = semconv.GEN_AI_PROVIDER_AGL_BRIDGE if token_call else semconv.GEN_AI_PROVIDER_LITELLM
     attributes: dict[str, Any] = {
-        semconv.GEN_AI_OPERATION_NAME: semconv.GEN_AI_OPERATION_CHAT,
+        semconv.GEN_AI_OPERATION_NAME: _operation(call),
+        semconv.GEN_AI_PROVIDER_NAME: provider,
         semconv.GEN_AI_REQUEST_MODEL: call.model,
         semconv.GEN_AI_RESPONSE_MODEL: call.model,
         semconv.AGL_CALL_KIND: call.kind,
@@ -157,12 +168,14 @@ def span_attributes(call: LLMCall) -> dict[str, Any]:
         semconv.AGL_REQUEST_MESSAGES: json.dumps(call.messages, ensure_ascii=False),
     }
     optional = {
+        semconv.GEN_AI_CONVERSATION_ID: call.rollout_id,
+        semconv.GEN_AI_AGENT_NAME: call.agent_name,
+        **(_request_attributes(request) if request is not None else {}),
         semconv.GEN_AI_RESPONSE_FINISH_REASONS: [call.finish_reason] if call.finish_reason else None,
         semconv.GEN_AI_USAGE_INPUT_TOKENS: call.usage.input_tokens if call.usage else None,
         semconv.GEN_AI_USAGE_OUTPUT_TOKENS: call.usage.output_tokens if call.usage else None,
         semconv.AGL_ROLLOUT_ID: call.rollout_id,
         semconv.AGL_ATTEMPT_ID: call.attempt_id,
-        semconv.AGL_AGENT_NAME: call.agent_name,
         semconv.AGL_RESPONSE_TEXT: call.response_text,
         semconv.AGL_PROMPT_TOKEN_IDS: call.prompt_token_ids or None,
         semconv.AGL_RESPONSE_TOKEN_IDS: call.response_token_ids or None,
@@ -173,6 +186,27 @@ def span_attributes(call: LLMCall) -> dict[str, Any]:
     }
     attributes.update({key: value for key, value in optional.items() if value is not None})
     return attributes
+
+
+def _request_attributes(request: ChatRequest) -> dict[str, Any]:
+    """The convention's request attributes; None for those the request did not set."""
+    params = request.params
+    return {
+        semconv.GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
+        semconv.GEN_AI_REQUEST_TEMPERATURE: float(params.temperature),
+        semconv.GEN_AI_REQUEST_TOP_P: float(params.top_p),
+        semconv.GEN_AI_REQUEST_TOP_K: params.top_k if params.top_k > 0 else None,
+        semconv.GEN_AI_REQUEST_SEED: params.seed,
+        semconv.GEN_AI_REQUEST_STOP_SEQUENCES: list(request.stop_strings) or None,
+        semconv.GEN_AI_REQUEST_CHOICE_COUNT: request.n if request.n != 1 else None,
+    }
+
+
+def _operation(call: LLMCall) -> str:
+    # Chat requests always have messages; a token-prompt /v1/completions call has none.
+    if call.messages or call.kind != semconv.CALL_KIND_TOKEN:
+        return semconv.GEN_AI_OPERATION_CHAT
+    return semconv.GEN_AI_OPERATION_TEXT_COMPLETION
 
 
 def _break_record(prefix_break: Any) -> dict[str, Any]:

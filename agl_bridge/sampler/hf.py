@@ -14,6 +14,11 @@ flip. Greedy decoding (temperature 0) is unaffected in practice.
 
 Weight swaps happen between decode steps: requests in flight continue with the new weights (their
 KV cache from the old weights is kept), and each token records the policy version that produced it.
+
+Architectures: the KV cache is built from the model's own config (sliding-window layers keep only
+their window; `kv_batch.py`). A model whose layers keep other state (linear attention, recurrent or
+convolution state, chunked attention) is refused when the sampler is created, with a one-line
+`UnsupportedArchitectureError` naming its type and the alternative (vLLM, `--sampler remote`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agl_bridge.sampler.base import (
     ContextLengthError,
@@ -40,7 +45,7 @@ from agl_bridge.sampler.base import (
     StopReason,
     TokenEvent,
 )
-from agl_bridge.sampler.kv_batch import KVBatch
+from agl_bridge.sampler.kv_batch import CacheLayout, KVBatch
 from agl_bridge.sampler.sampling import RowSampling, choose_tokens
 from agl_bridge.sampler.stopping import StopChecker
 from agl_bridge.sampler.weights import WeightLoader
@@ -107,6 +112,7 @@ class HFSampler:
     max_batch_size: most sequences decoded together (a request with n samples takes n).
     max_prefill_tokens: most (padded) prompt tokens prefilled in one forward pass.
     seed: seeds the generator shared by requests that bring no seed of their own.
+    Raises UnsupportedArchitectureError for a model it cannot serve exactly (see the module docs).
     """
 
     def __init__(
@@ -122,6 +128,7 @@ class HFSampler:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
+        self._layout = CacheLayout.of(self.model)
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
@@ -399,12 +406,12 @@ class HFSampler:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=DynamicCache(),
+            past_key_values=self._layout.new_cache(),
             use_cache=True,
             logits_to_keep=1,
         )
         counts = [request.num_samples for request in batch]
-        kv = KVBatch.from_cache(output.past_key_values, attention_mask).repeat_rows(counts)
+        kv = KVBatch(self._layout, output.past_key_values, attention_mask).repeat_rows(counts)
         row_index = torch.repeat_interleave(torch.arange(len(batch), device=self._device), torch.tensor(counts))
         logits = output.logits[:, -1, :].index_select(0, row_index)
         new_rows = [
@@ -426,10 +433,10 @@ class HFSampler:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=self._kv.as_cache(),
+            past_key_values=self._kv.cache,
             use_cache=True,
         )
-        self._kv = KVBatch.from_cache(output.past_key_values, attention_mask)
+        self._kv = KVBatch(self._layout, output.past_key_values, attention_mask)
         for row in self._rows:
             row.cached_tokens += 1
         self._append_tokens(output.logits[:, -1, :], self._rows, first_row=0)

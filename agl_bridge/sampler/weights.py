@@ -4,6 +4,11 @@ LoRA adapters are merged (W = W_base + scaling · B @ A) so sampling pays nothin
 them. The untouched base weight of every merged module is kept once, so each new adapter replaces
 the previous one exactly instead of accumulating rounding drift; the cost is one extra copy of the
 adapted weights.
+
+Merging needs the layer's weight layout: `nn.Linear` stores `[out, in]`, GPT-2's `Conv1D` stores
+`[in, out]` (peft's `fan_in_fan_out`), so its delta is transposed — decided by the module's type,
+never by the shape, which a square `Conv1D` would pass either way. Other adapted module types
+(embeddings, convolutions) are refused by name.
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 _PEFT_PREFIX = "base_model.model."
-_LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$")
+_LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?:embedding_)?(?P<part>[AB])(?:\.[^.]+)?(?:\.weight)?$")
 _MODULES_TO_SAVE_KEY = re.compile(r"^(?P<module>.+)\.modules_to_save\.[^.]+\.(?P<param>[^.]+)$")
+_MERGEABLE: dict[type[nn.Module], bool] = {nn.Linear: False, Conv1D: True}
+"""Module types a LoRA delta can be merged into → whether their weight is stored transposed ([in, out])."""
 
 
 class WeightLoader:
@@ -58,17 +66,23 @@ class WeightLoader:
                     f"LoRA state dict key {raw_name!r} is neither a lora_A/lora_B weight nor a "
                     "modules_to_save tensor; pass peft.get_peft_model_state_dict(model) output"
                 )
-        merged: set[str] = set()
+        # Everything is checked before the first weight changes, so a refused adapter leaves the model as it was.
+        plan: list[tuple[str, torch.Tensor, bool]] = []
         for module, parts in pairs.items():
             if set(parts) != {"A", "B"}:
                 raise ValueError(f"LoRA module {module!r} needs both lora_A and lora_B weights, got {sorted(parts)}")
+            transposed = self._weight_layout(module)
+            shape = (parts["B"].shape[0], parts["A"].shape[1])
             weight_name = f"{module}.weight"
-            a, b = parts["A"], parts["B"]
-            target = self._target(weight_name, weight_name, torch.Size((b.shape[0], a.shape[1])))
-            base = self._base_weights.setdefault(weight_name, target.detach().clone())
-            delta = (b.to(torch.float32) @ a.to(torch.float32)) * scaling
-            target.copy_((base.to(torch.float32) + delta.to(base.device)).to(target.dtype))
-            merged.add(weight_name)
+            target = self._target(weight_name, weight_name, torch.Size(shape[::-1] if transposed else shape))
+            plan.append((module, target, transposed))
+        for name, value in full.items():
+            self._target(name, name, value.shape)
+        for module, target, transposed in plan:
+            delta = (pairs[module]["B"].to(torch.float32) @ pairs[module]["A"].to(torch.float32)) * scaling
+            base = self._base_weights.setdefault(f"{module}.weight", target.detach().clone())
+            target.copy_((base.to(torch.float32) + (delta.T if transposed else delta).to(base.device)).to(target.dtype))
+        merged = {f"{module}.weight" for module, _, _ in plan}
         for weight_name, base in self._base_weights.items():
             if weight_name not in merged:
                 self._tensors[weight_name].copy_(base)
@@ -79,6 +93,24 @@ class WeightLoader:
         """Undo every merged adapter (full-weight loads are kept)."""
         for weight_name, base in self._base_weights.items():
             self._tensors[weight_name].copy_(base)
+
+    def _weight_layout(self, module_name: str) -> bool:
+        """Whether `module_name`'s weight is stored [in, out]; ValueError if a LoRA cannot be merged into it."""
+        # peft nests wrappers when it adapts several parameters of one module (MoE experts): `<module>.base_layer`.
+        owner = module_name.replace(".base_layer", "")
+        try:
+            module = self._model.get_submodule(owner)
+        except AttributeError:
+            raise ValueError(f"LoRA module {module_name!r} does not exist in the sampler's model") from None
+        transposed = _MERGEABLE.get(type(module))
+        if transposed is None or owner != module_name:
+            supported = ", ".join(f"{kind.__module__}.{kind.__name__}" for kind in _MERGEABLE)
+            raise ValueError(
+                f"LoRA module {owner!r} is a {type(module).__name__}, which the sampler cannot merge an adapter into "
+                f"(it merges into {supported} layers); leave it out of target_modules, e.g. list the attention "
+                "projections instead of 'all-linear'"
+            )
+        return transposed
 
     def _target(self, name: str, raw_name: str, shape: torch.Size) -> torch.Tensor:
         target = self._tensors.get(name)

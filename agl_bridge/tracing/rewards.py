@@ -5,7 +5,8 @@ What happens on `emit_reward(0.8, name="accuracy")`:
      `rollout_id`/`attempt_id` arguments, else the active `rollout_context`, else the
      `AGL_ROLLOUT_ID`/`AGL_ATTEMPT_ID` environment. No rollout → `NoRolloutError`; a reward is
      never dropped silently.
-  2. An OpenTelemetry span named `agl.reward` is started and ended on the *global* tracer
+  2. An OpenTelemetry span named `agl.reward` (carrying `agl.reward.*` and the GenAI conventions'
+     `gen_ai.evaluation.*` attributes) is started and ended on the *global* tracer
      provider, so every processor installed there (agentops, the user's own exporters,
      `configure_agent_tracing`) sees it as a child of the current span. When the global provider
      cannot produce a recording SDK span carrying our attributes unchanged (no SDK configured,
@@ -115,6 +116,10 @@ def _prepare(
         semconv.AGL_ROLLOUT_ID: rollout.rollout_id,
         semconv.AGL_REWARD_NAME: name,
         semconv.AGL_REWARD_VALUE: number,
+        # The same reward as the GenAI conventions' evaluation result, for OTel tooling that reads those.
+        semconv.GEN_AI_EVALUATION_NAME: name,
+        semconv.GEN_AI_EVALUATION_SCORE_VALUE: number,
+        semconv.GEN_AI_CONVERSATION_ID: rollout.rollout_id,
     }
     if rollout.attempt_id is not None:
         attributes[semconv.AGL_ATTEMPT_ID] = rollout.attempt_id

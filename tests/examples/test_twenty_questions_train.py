@@ -93,7 +93,9 @@ def test_one_training_step_through_the_proxy(tmp_path: Path) -> None:
         assert len(calls) == 6, "one player call per turn (6 turns)"
         assert all(c.kind == "token" and c.prompt_token_ids and c.response_token_ids for c in calls)
         names = Counter(s.name for s in spans)
-        assert names["agl.llm_call"] == 6
+        ours = [s for s in spans if s.attributes.get("gen_ai.provider.name") == "agl_bridge"]
+        assert len(ours) == 6, "the proxy's span of every player call (GenAI conventions: 'chat {model}', client)"
+        assert all(s.name == f"chat {s.attributes['gen_ai.request.model']}" and s.kind == "client" for s in ours)
         crewai_spans = [s.name for s in spans if s.scope_name == "crewai"]
         assert crewai_spans, f"no CrewAI spans in rollout {rollout}: {names}"
         assert [r.value for r in rewards] in ([0.0], [1.0])

@@ -184,3 +184,9 @@ def test_the_served_model_name_is_tiny_or_the_last_path_part() -> None:
 
     assert served_model_name("tiny") == served_model_name("tiny:hidden=64") == "tiny"
     assert served_model_name("/models/Qwen3-4B/") == served_model_name("Qwen/Qwen3-4B") == "Qwen3-4B"
+
+
+def test_tiny_family_override() -> None:
+    assert parse_tiny_spec("tiny:family=gemma2,hidden=64") == TinyModelSpec(hidden=64, family="gemma2")
+    with pytest.raises(ModelNotFoundError, match="family must be one of qwen3, llama"):
+        parse_tiny_spec("tiny:family=bert")

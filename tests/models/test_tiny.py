@@ -225,3 +225,17 @@ def test_refuses_to_overwrite_a_foreign_directory_but_rebuilds_its_own(tmp_path:
     assert (foreign / "notes.txt").read_text() == "mine"
     own = build_tiny_model(tmp_path / "own", **SMALL)
     assert build_tiny_model(own, **SMALL) == own
+
+
+def test_families_build_their_architecture_with_the_shared_tokenizer(tiny_model_dir: Path, tmp_path: Path) -> None:
+    gemma = build_tiny_model(tmp_path / "gemma2", family="gemma2", **SMALL)
+    gpt2 = build_tiny_model(tmp_path / "gpt2", family="gpt2", **SMALL)
+    assert type(AutoModelForCausalLM.from_pretrained(gemma)).__name__ == "Gemma2ForCausalLM"
+    assert type(AutoModelForCausalLM.from_pretrained(gpt2)).__name__ == "GPT2LMHeadModel"
+    config = AutoConfig.from_pretrained(gemma)
+    assert config.layer_types == ["sliding_attention"] and config.sliding_window == 8
+    assert (gemma / "tokenizer.json").read_bytes() == (gpt2 / "tokenizer.json").read_bytes()
+    marker = json.loads((gemma / MARKER_FILENAME).read_text())
+    assert marker["args"]["family"] == "gemma2"
+    assert TinyModelSpec(family="gemma2").fingerprint() != TinyModelSpec().fingerprint()
+    assert "family" not in json.loads((tiny_model_dir / MARKER_FILENAME).read_text())["args"]
