@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
-from tracing_helpers import ReceiverServer, collect
+from shared_helpers import collect
+from tracing_helpers import ReceiverServer
 
 from agl_bridge import emit_reward, semconv
 from agl_bridge.tracing import rollout_context, set_reward_sink
