@@ -61,10 +61,17 @@ def tiny_model(
     family: str = typer.Option(
         TinyModelSpec.family, help=f"Architecture: {', '.join(FAMILIES)} (same tokenizer and chat template)."
     ),
+    context: int = typer.Option(TinyModelSpec.context, help="Context window in tokens (max_position_embeddings)."),
 ) -> None:
     """Build the offline tiny test model (byte-level BPE tokenizer + a random model, Qwen3 by default) into OUT_DIR."""
     spec = TinyModelSpec(
-        hidden=hidden, layers=layers, vocab=vocab, seed=seed, initializer_range=initializer_range, family=family
+        hidden=hidden,
+        layers=layers,
+        vocab=vocab,
+        seed=seed,
+        initializer_range=initializer_range,
+        family=family,
+        context=context,
     )
     started = time.perf_counter()
     try:

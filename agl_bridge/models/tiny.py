@@ -46,7 +46,8 @@ ADDED_TOKENS: tuple[str, ...] = (
 )
 """Markup tokens that are single ids but ordinary text (``special=False``), as in Qwen; the last ids."""
 
-MAX_POSITION_EMBEDDINGS = 4096
+DEFAULT_CONTEXT = 65536
+"""Context window of the built-in `tiny` model: long enough for coding agents' 14k–38k-token system prompts."""
 
 # Qwen2/Qwen3's pre-tokenizer split: digits are split one by one, so "42" is "4" "2" as in Qwen.
 _QWEN_SPLIT_PATTERN = (
@@ -78,6 +79,8 @@ class TinyModelSpec:
       entropy ~5.2 nats against 7.6 for uniform, mean top-1 probability ~0.11). Greedy decoding
       is then stable under float noise, and sampling still varies enough for RL to learn from.
     family: the architecture, a key of ``FAMILIES`` (default qwen3).
+    context: the context window in tokens (``max_position_embeddings``); rotary families cost nothing
+      more for a longer one, ``gpt2`` learns one position embedding per token.
     """
 
     hidden: int = 128
@@ -86,6 +89,7 @@ class TinyModelSpec:
     seed: int = 0
     initializer_range: float = 0.2
     family: str = DEFAULT_FAMILY
+    context: int = DEFAULT_CONTEXT
 
     def __post_init__(self) -> None:
         # 1 and 1.0 must be the same build: the marker and the cache fingerprint serialise this value.
@@ -116,6 +120,11 @@ class TinyModelSpec:
             raise InvalidTinySpecError(
                 "initializer_range",
                 f"initializer_range must be a number in (0, 10], got {self.initializer_range!r}",
+            )
+        if not isinstance(self.context, int) or isinstance(self.context, bool) or not 128 <= self.context <= 1 << 20:
+            raise InvalidTinySpecError(
+                "context",
+                f"context must be an integer in 128..{1 << 20} tokens, got {self.context!r}; try 4096 or 65536",
             )
         if self.family not in FAMILIES:
             raise InvalidTinySpecError("family", f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
@@ -220,7 +229,7 @@ def train_tokenizer(vocab: int):
     return tokenizer
 
 
-def _wrap_tokenizer(tokenizer):
+def _wrap_tokenizer(tokenizer, context: int):
     """Wrap a trained ``tokenizers.Tokenizer`` as a transformers fast tokenizer with the chat template."""
     from transformers import PreTrainedTokenizerFast
 
@@ -230,7 +239,7 @@ def _wrap_tokenizer(tokenizer):
         pad_token=ENDOFTEXT,
         bos_token=None,
         unk_token=None,
-        model_max_length=MAX_POSITION_EMBEDDINGS,
+        model_max_length=context,
         clean_up_tokenization_spaces=False,
         chat_template=chat_template_text(),
     )
@@ -262,7 +271,7 @@ def _build_model(spec: TinyModelSpec, vocab_size: int, eos_id: int, pad_id: int)
         vocab_size=vocab_size,
         hidden=spec.hidden,
         layers=spec.layers,
-        max_positions=MAX_POSITION_EMBEDDINGS,
+        max_positions=spec.context,
         initializer_range=spec.initializer_range,
         eos_id=eos_id,
         pad_id=pad_id,
@@ -313,7 +322,7 @@ def build_tiny(out_dir: str | os.PathLike[str], spec: TinyModelSpec | None = Non
     _check_out_dir(out)
     # Everything that can fail on bad arguments happens before the directory is touched.
     raw_tokenizer = train_tokenizer(spec.vocab)
-    hf_tokenizer = _wrap_tokenizer(raw_tokenizer)
+    hf_tokenizer = _wrap_tokenizer(raw_tokenizer, spec.context)
     eos_id = raw_tokenizer.token_to_id(IM_END)
     pad_id = raw_tokenizer.token_to_id(ENDOFTEXT)
     model = _build_model(spec, len(hf_tokenizer), eos_id, pad_id)

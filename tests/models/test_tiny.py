@@ -59,7 +59,7 @@ def test_loads_with_plain_auto_classes_and_has_the_qwen3_shape(tiny_model_dir: P
     assert model.dtype == torch.float32
     assert (config.hidden_size, config.num_hidden_layers, config.intermediate_size) == (128, 2, 384)
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 32)
-    assert config.max_position_embeddings == 4096 and config.tie_word_embeddings
+    assert config.max_position_embeddings == 65536 and config.tie_word_embeddings
     assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
     assert config.vocab_size == len(tiny_tokenizer) == 2048
     im_end, eot = tiny_tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
@@ -72,7 +72,14 @@ def test_loads_with_plain_auto_classes_and_has_the_qwen3_shape(tiny_model_dir: P
 def test_marker_records_the_build(tiny_model_dir: Path) -> None:
     marker = json.loads((tiny_model_dir / MARKER_FILENAME).read_text())
     assert marker["format_version"] == TINY_FORMAT_VERSION
-    assert marker["args"] == {"hidden": 128, "layers": 2, "vocab": 2048, "seed": 0, "initializer_range": 0.2}
+    assert marker["args"] == {
+        "hidden": 128,
+        "layers": 2,
+        "vocab": 2048,
+        "seed": 0,
+        "initializer_range": 0.2,
+        "context": 65536,
+    }
     assert marker["fingerprint"] == TinyModelSpec().fingerprint()
 
 

@@ -109,7 +109,7 @@ def test_stop_token_ids_and_ignore_eos_reach_the_sampler(proxy_server: Any) -> N
         ({"model": MODEL, "prompt": [1, 2], "n": 0}, "n"),
         ({"model": MODEL, "prompt": [1, 2], "stop_token_ids": "x"}, "stop_token_ids"),
         ({"model": "nope", "prompt": [1, 2]}, "model"),
-        ({"model": MODEL, "prompt": [1] * 5000}, "prompt"),
+        ({"model": MODEL, "prompt": [1] * 70000}, "prompt"),
     ],
     ids=["id-out-of-vocab", "empty", "mixed", "max_tokens", "n", "stop_token_ids", "model", "too-long"],
 )

@@ -159,8 +159,8 @@ def test_cancelled_request_frees_its_slot(sampler: HFSampler) -> None:
 
 
 def test_bad_requests_are_refused_with_the_reason(sampler: HFSampler) -> None:
-    with pytest.raises(ContextLengthError, match=r"5000 tokens.*4096"):
-        sampler.sample([1] * 5000, SamplingParams(max_tokens=1))
+    with pytest.raises(ContextLengthError, match=r"70000 tokens.*65536"):
+        sampler.sample([1] * 70000, SamplingParams(max_tokens=1))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         sampler.sample([1, 10**6], SamplingParams(max_tokens=1))
     with pytest.raises(ValueError, match="at least one token"):
