@@ -20,7 +20,7 @@ from agl_bridge.convert.io import (
     write_trajectories,
 )
 from agl_bridge.convert.policy import DEFAULT_OPTIONS, ConvertOptions, MissingRewardPolicy
-from agl_bridge.convert.stream import convert_rollout, convert_store, effective_status
+from agl_bridge.convert.stream import convert_rollout, convert_rollout_attempts, convert_store, effective_status
 from agl_bridge.convert.trajectory import convert_attempt
 from agl_bridge.types import (
     ConversionReport,
@@ -47,6 +47,7 @@ __all__ = [
     "check_segment",
     "convert_attempt",
     "convert_rollout",
+    "convert_rollout_attempts",
     "convert_store",
     "effective_status",
     "export_trajectories",
