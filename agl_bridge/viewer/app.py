@@ -84,8 +84,12 @@ class Viewer:
         conn.create_aggregate(RETURN_FUNCTION, 2, return_aggregate(self.settings.options))
 
     def version(self) -> dict[str, Any]:
-        """What the live pages poll: changes whenever the store or metrics.jsonl does."""
-        return {"store": self.store.changes(), "metrics": self.metrics.version() if self.metrics else None}
+        """What the live pages poll: changes whenever the store, metrics.jsonl or the token text status does."""
+        return {
+            "store": self.store.changes(),
+            "metrics": self.metrics.version() if self.metrics else None,
+            "token_text": self.texts.status,
+        }
 
     def close(self) -> None:
         """Close the store connections."""

@@ -117,7 +117,8 @@ class RolloutQuery:
             raise FilterError(f"kind must be {TRAIN} or {EVAL}, got {kind!r}")
         if sort not in SORTS:
             raise FilterError(f"sort must be one of {', '.join(SORTS)}, got {sort!r}")
-        page = number("page", int) or 1
+        page = number("page", int)
+        page = 1 if page is None else page
         if page < 1:
             raise FilterError(f"page must be >= 1, got {page}")
         return cls(
