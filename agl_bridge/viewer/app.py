@@ -33,16 +33,16 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from agl_bridge.store.errors import StoreError
-from agl_bridge.types import Attempt, AttemptStatus, RolloutRecords
+from agl_bridge.types import Attempt, AttemptStatus
 from agl_bridge.viewer.access import KeyGate, cookie_name
 from agl_bridge.viewer.chat import chat_message, response_message
 from agl_bridge.viewer.db import ReadOnlyStore
 from agl_bridge.viewer.listing import (
     PAGE_SIZE,
     RETURN_FUNCTION,
-    SORTS,
     STATUSES,
     FilterError,
+    GroupSummary,
     RolloutQuery,
     groups,
     list_rollouts,
@@ -51,7 +51,7 @@ from agl_bridge.viewer.listing import (
     same_task,
     store_counts,
 )
-from agl_bridge.viewer.records import get_call, record_counts, rollout_records
+from agl_bridge.viewer.records import get_call, record_counts
 from agl_bridge.viewer.run_dir import MetricsLog, RunSettings, load_run_settings
 from agl_bridge.viewer.slow_imports import trainer_group_advantages
 from agl_bridge.viewer.steps import EVAL, TRAIN, step_of, train_group_range
@@ -146,7 +146,7 @@ def _templates() -> Jinja2Templates:
         lstrip_blocks=True,
     )
     env.filters.update(fmt=fmt, when=when, short_json=short_json, pretty_json=pretty_json)
-    env.globals.update(link=link, step_of=step_of, SORTS=SORTS, STATUSES=STATUSES, TRAIN=TRAIN, EVAL=EVAL)
+    env.globals.update(link=link, step_of=step_of, STATUSES=STATUSES, TRAIN=TRAIN, EVAL=EVAL)
     return Jinja2Templates(env=env)
 
 
@@ -248,7 +248,10 @@ def create_app(viewer: Viewer, *, key: str, port: int) -> KeyGate:
         with viewer.store.snapshot() as conn:
             found = get_call(conn, rollout_id, None if attempt in (None, OUTSIDE) else attempt, sequence, choice)
         if found is None:
-            raise HTTPException(404, f"no call at sequence {sequence} (choice {choice}) in rollout {rollout_id!r}")
+            where = f"attempt {attempt!r}" if attempt not in (None, OUTSIDE) else "no attempt (pass ?attempt=ID)"
+            raise HTTPException(
+                404, f"no call at sequence {sequence} (choice {choice}) of rollout {rollout_id!r}, {where}"
+            )
         context = {
             "call": found,
             "messages": [chat_message(m) for m in found.messages],
@@ -317,7 +320,7 @@ def _int_param(request: Request, name: str, default: int, *, minimum: int = 1) -
     return number
 
 
-def _store_steps(summaries: list[Any]) -> dict[int, dict[str, int]]:
+def _store_steps(summaries: list[GroupSummary]) -> dict[int, dict[str, int]]:
     """Rollouts by status per training step, from the group ids (for runs without metrics)."""
     steps: dict[int, dict[str, int]] = {}
     for summary in summaries:
@@ -335,12 +338,12 @@ def _rollout_context(
     conn: Any, viewer: Viewer, rollout_id: str, attempt_param: str | None, view: str, after: int, full: bool
 ) -> dict[str, Any]:
     """What the rollout page (and each side of a comparison) shows; 404 for an unknown rollout or attempt."""
-    found = rollout_records(conn, [rollout_id], tokens_only=True)
+    found = rollout_rows(conn, [rollout_id], viewer.settings.options)
     if not found:
         raise HTTPException(404, f"no rollout {rollout_id!r} in {viewer.store.path}")
-    records: RolloutRecords = found[0]
-    attempts = [bundle.attempt for bundle in records.attempts]
-    has_outside = bool(records.other_calls or records.other_rewards) or bool(record_counts(conn, rollout_id, None)[2])
+    row = found[0]
+    rollout, attempts = row.rollout, row.attempts
+    has_outside = any(record_counts(conn, rollout_id, None))
     attempt: Attempt | None
     if attempt_param == OUTSIDE:
         attempt = None
@@ -350,31 +353,28 @@ def _rollout_context(
             raise HTTPException(404, f"rollout {rollout_id!r} has no attempt {attempt_param!r}")
     else:
         attempt = attempts[-1] if attempts else None
-    row = rollout_rows(conn, [rollout_id], viewer.settings.options)[0]
-    group = train_groups(conn, [records.rollout], viewer.settings)[group_key(records.rollout)]
+    group = train_groups(conn, [rollout], viewer.settings)[group_key(rollout)]
     attempt_id = attempt.attempt_id if attempt is not None else None
     if attempt is not None:
         row.advantage = group.describe((rollout_id, attempt.attempt_id))
     timeline = timeline_page(conn, rollout_id, attempt_id, after) if view == "timeline" else None
     training = (
-        attempt_training(group, records, attempt, viewer.settings, viewer.texts, full=full)
+        attempt_training(group, attempt, viewer.settings, viewer.texts, full=full)
         if view == "tokens" and attempt is not None
         else None
     )
     return {
-        "rollout": records.rollout,
-        "records": records,
+        "rollout": rollout,
         "row": row,
         "attempts": attempts,
         "attempt": attempt,
         "attempt_param": attempt_id or OUTSIDE,
         "has_outside": has_outside,
-        "group": group,
-        "step": step_of(records.rollout.group_id),
+        "step": step_of(rollout.group_id),
         "view": view,
         "timeline": timeline,
         "counts": record_counts(conn, rollout_id, attempt_id),
-        "same_task": same_task(conn, records.rollout),
+        "same_task": same_task(conn, rollout),
         "training": training,
         "full": full,
         "after": after,

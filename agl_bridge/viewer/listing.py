@@ -207,11 +207,6 @@ class RolloutRow:
     """Filled in by the caller from the trainer's advantages (see trained.py)."""
 
     @property
-    def step(self) -> StepRef | None:
-        """The training step or evaluation the rollout belongs to."""
-        return step_of(self.rollout.group_id)
-
-    @property
     def final_attempt(self) -> Attempt | None:
         """The attempt the rollout's outcome is about."""
         return self.attempts[-1] if self.attempts else None

@@ -35,12 +35,6 @@ def marks(values: Sequence[Any]) -> str:
     return ", ".join("?" for _ in values)
 
 
-def get_rollout(conn: sqlite3.Connection, rollout_id: str) -> Rollout | None:
-    """One rollout, or None."""
-    row = conn.execute(f"SELECT {ROLLOUT_SELECT} FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
-    return None if row is None else decode_rollout(row)
-
-
 def get_rollouts(conn: sqlite3.Connection, rollout_ids: Sequence[str]) -> dict[str, Rollout]:
     """The rollouts of `rollout_ids` that exist, by id."""
     if not rollout_ids:

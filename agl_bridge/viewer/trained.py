@@ -36,7 +36,7 @@ DROP_EXPLANATIONS: dict[DropReason, str] = {
     DropReason.FAILED: "the attempt (or its rollout) failed; failed attempts are never trained on",
     DropReason.TIMED_OUT: "the attempt (or its rollout) timed out; timed-out attempts are never trained on",
     DropReason.NOT_FINISHED: "the attempt is still running, or its rollout is not final yet (rewards may still "
-    "arrive); it trains once the rollout finishes",
+    "arrive); nothing of it trains until it is",
     DropReason.MISSING_REWARD: "no reward was recorded and the run drops attempts without one "
     '(missing_reward = "drop")',
     DropReason.NO_TRAINABLE_CALLS: "none of its calls has token ids the run trains on (text-only calls, or "
@@ -53,7 +53,8 @@ AttemptKey = tuple[str, str]
 class GroupTraining:
     """A GRPO group as the trainer saw it: each attempt's trajectory or drop reason, and the advantages."""
 
-    group_id: str | None
+    group_id: str
+    records: dict[str, RolloutRecords] = field(default_factory=dict)
     outcomes: dict[AttemptKey, Trajectory | DropReason] = field(default_factory=dict)
     advantages: dict[AttemptKey, float] = field(default_factory=dict)
     zero_variance: bool = False
@@ -130,10 +131,11 @@ def _train_members(
     return {key: _train_group(key, [records[i] for i in ids if i in records], settings) for key, ids in members.items()}
 
 
-def _train_group(group_id: str | None, records: list[RolloutRecords], settings: RunSettings) -> GroupTraining:
+def _train_group(group_id: str, records: list[RolloutRecords], settings: RunSettings) -> GroupTraining:
     group = GroupTraining(group_id, std_scaling=settings.std_scaling)
     report = ConversionReport()
     for rollout in records:
+        group.records[rollout.rollout.rollout_id] = rollout
         for bundle, outcome in convert_rollout_attempts(rollout, settings.options, report):
             group.outcomes[(rollout.rollout.rollout_id, bundle.attempt.attempt_id)] = outcome
     trajectories = [o for o in group.outcomes.values() if isinstance(o, Trajectory)]
@@ -195,22 +197,17 @@ class AttemptTraining:
 
 
 def attempt_training(
-    group: GroupTraining,
-    records: RolloutRecords,
-    attempt: Attempt,
-    settings: RunSettings,
-    texts: TokenTexts,
-    *,
-    full: bool = False,
+    group: GroupTraining, attempt: Attempt, settings: RunSettings, texts: TokenTexts, *, full: bool = False
 ) -> AttemptTraining:
-    """The trained view of one attempt of `records`' rollout, whose group the trainer saw as `group`."""
-    rollout_id = records.rollout.rollout_id
-    view = AttemptTraining(attempt, group, group.outcomes.get((rollout_id, attempt.attempt_id)))
+    """The trained view of one attempt of a rollout of `group`."""
+    key = (attempt.rollout_id, attempt.attempt_id)
+    view = AttemptTraining(attempt, group, group.outcomes.get(key))
     trajectory = view.trajectory
     if trajectory is not None:
         view.segments = [_segment_view(i, s, texts, full) for i, s in enumerate(trajectory.segments)]
-        bundle = next((b for b in records.attempts if b.attempt.attempt_id == attempt.attempt_id), None)
-        for call in bundle.calls if bundle is not None else ():
+        records = group.records[attempt.rollout_id]
+        bundle = next(b for b in records.attempts if b.attempt.attempt_id == attempt.attempt_id)
+        for call in bundle.calls:
             reason = skip_reason(call, settings.options)
             if reason is not None:
                 view.untrained_calls.append((call.sequence or 0, call.choice_index, reason))
