@@ -255,6 +255,7 @@ document.addEventListener("mouseout", (event) => {
 // --- live updates -----------------------------------------------------------------------------------
 
 let lastVersion = null;
+let lastRefresh = { at: 0, took: 0 };
 
 async function refreshLive() {
   hideTip();
@@ -279,8 +280,12 @@ async function poll() {
     const response = await fetch("/api/version", { cache: "no-store" });
     if (!response.ok) throw new Error(String(response.status));
     const version = JSON.stringify(await response.json());
-    if (lastVersion !== null && version !== lastVersion) {
+    // A busy store changes every moment: re-fetch at most once per five times a re-fetch takes.
+    const rested = performance.now() - lastRefresh.at >= 5 * lastRefresh.took;
+    if (lastVersion !== null && version !== lastVersion && rested) {
+      const started = performance.now();
       await refreshLive();
+      lastRefresh = { at: performance.now(), took: performance.now() - started };
       if (badge) {
         badge.textContent = "updated " + new Date().toLocaleTimeString();
         badge.className = "live on flash";
@@ -290,7 +295,7 @@ async function poll() {
       badge.className = "live on";
       badge.textContent = "live";
     }
-    lastVersion = version;
+    if (lastVersion === null || rested) lastVersion = version;
     if (badge && !badge.classList.contains("on")) badge.classList.add("on");
   } catch (error) {
     if (badge) { badge.className = "live off"; badge.textContent = "viewer unreachable"; }
