@@ -91,15 +91,22 @@ def attempt_key(attempt_id: str | None) -> str:
     return attempt_id or NO_ID
 
 
+def _rows_after(
+    conn: sqlite3.Connection, table: str, select: str, rollout_id: str, attempt_id: str | None, after: int, limit: int
+) -> list[Any]:
+    order = "sequence, choice_index" if table == "llm_calls" else "sequence"
+    return conn.execute(
+        f"SELECT {select} FROM {table} WHERE rollout_key = ? AND attempt_key = ? AND sequence > ? "
+        f"ORDER BY {order} LIMIT ?",
+        (rollout_id, attempt_key(attempt_id), after, limit),
+    ).fetchall()
+
+
 def calls_after(
     conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None, after: int, limit: int
 ) -> list[LLMCall]:
-    """Up to `limit` calls of one attempt with sequence > `after` (all choices of the last sequence included)."""
-    rows = conn.execute(
-        f"SELECT {LLM_CALL_SELECT} FROM llm_calls WHERE rollout_key = ? AND attempt_key = ? AND sequence > ? "
-        "ORDER BY sequence, choice_index LIMIT ?",
-        (rollout_id, attempt_key(attempt_id), after, limit),
-    ).fetchall()
+    """Up to `limit` calls of one attempt with sequence > `after`, in (sequence, choice) order."""
+    rows = _rows_after(conn, "llm_calls", LLM_CALL_SELECT, rollout_id, attempt_id, after, limit)
     return [decode_llm_call(row) for row in rows]
 
 
@@ -107,23 +114,16 @@ def rewards_after(
     conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None, after: int, limit: int
 ) -> list[Reward]:
     """Up to `limit` rewards of one attempt with sequence > `after`."""
-    rows = conn.execute(
-        f"SELECT {REWARD_SELECT} FROM rewards WHERE rollout_key = ? AND attempt_key = ? AND sequence > ? "
-        "ORDER BY sequence LIMIT ?",
-        (rollout_id, attempt_key(attempt_id), after, limit),
-    ).fetchall()
-    return [decode_reward(row) for row in rows]
+    return [
+        decode_reward(row) for row in _rows_after(conn, "rewards", REWARD_SELECT, rollout_id, attempt_id, after, limit)
+    ]
 
 
 def spans_after(
     conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None, after: int, limit: int
 ) -> list[StoredSpan]:
     """Up to `limit` generic spans of one attempt with sequence > `after`."""
-    rows = conn.execute(
-        f"SELECT {SPAN_SELECT} FROM spans WHERE rollout_key = ? AND attempt_key = ? AND sequence > ? "
-        "ORDER BY sequence LIMIT ?",
-        (rollout_id, attempt_key(attempt_id), after, limit),
-    ).fetchall()
+    rows = _rows_after(conn, "spans", SPAN_SELECT, rollout_id, attempt_id, after, limit)
     return [decode_span(row) for row in rows]
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 from typer.testing import CliRunner
-from viewer_helpers import call
+from viewer_helpers import call, start_viewer
 
 from agl_bridge.cli import app
 from agl_bridge.store import SQLiteStore
@@ -77,17 +76,8 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory, sync_playwright: Any) 
 @pytest.fixture(scope="module")
 def viewer_url(trained_run: Path) -> Iterator[str]:
     """`agl-bridge view --run-dir RUN` on a free port; its printed address (with the key)."""
-    command = [sys.executable, "-m", "agl_bridge.cli", "view", "--run-dir", str(trained_run), "--port", "0"]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    process, url = start_viewer("--run-dir", str(trained_run))
     try:
-        assert process.stderr is not None
-        url = None
-        for line in process.stderr:
-            found = re.search(r"(http://\S+/\?key=\S+)", line)
-            if found:
-                url = found[1]
-                break
-        assert url is not None, "agl-bridge view printed no address"
         yield url
     finally:
         process.send_signal(signal.SIGINT)

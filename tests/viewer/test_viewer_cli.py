@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import re
 import signal
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 from typer.testing import CliRunner
+from viewer_helpers import start_viewer
 
 from agl_bridge.cli import app
 from agl_bridge.store.schema import VERSION_TABLE
@@ -54,26 +52,8 @@ def test_a_public_bind_needs_a_key(scenario_store: Path) -> None:
 
 @pytest.mark.slow
 def test_the_server_answers_over_http_and_stops_on_ctrl_c(scenario_store: Path, run_dir: Path) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "agl_bridge.cli",
-        "view",
-        "--store",
-        str(scenario_store),
-        "--run-dir",
-        str(run_dir),
-    ]
-    process = subprocess.Popen([*command, "--port", "0"], stderr=subprocess.PIPE, text=True)
+    process, url = start_viewer("--store", str(scenario_store), "--run-dir", str(run_dir))
     try:
-        assert process.stderr is not None
-        url = None
-        for line in process.stderr:
-            found = re.search(r"(http://127\.0\.0\.1:\d+/\?key=\S+)", line)
-            if found:
-                url = found[1]
-                break
-        assert url is not None, "the viewer printed no address"
         with httpx.Client(follow_redirects=True, timeout=30) as client:
             page = client.get(url)
             assert page.status_code == 200 and "Steps" in page.text

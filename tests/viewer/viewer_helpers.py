@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -172,3 +174,16 @@ def token_segments(html: str) -> list[dict[str, Any]]:
             }
         )
     return segments
+
+
+def start_viewer(*args: str) -> tuple[subprocess.Popen[str], str]:
+    """`agl-bridge view ARGS --port 0` in a subprocess, and the address (with the key) it printed."""
+    command = [sys.executable, "-m", "agl_bridge.cli", "view", *args, "--port", "0"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    for line in process.stderr:
+        found = re.search(r"(http://\S+/\?key=\S+)", line)
+        if found:
+            return process, found[1]
+    process.wait(timeout=30)
+    raise AssertionError(f"agl-bridge view printed no address (exit {process.returncode})")
