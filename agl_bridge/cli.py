@@ -370,9 +370,7 @@ def view_command(
     try:
         key, generated = choose_api_key(host, api_key)
         viewer = Viewer(store, run_dir, model)
-    except ProxyStartError as exc:
-        _fail(str(exc))
-    except RunConfigError as exc:
+    except (ProxyStartError, RunConfigError) as exc:
         _fail(str(exc))
     except StoreError as exc:
         _store_failure(exc, store)

@@ -53,10 +53,12 @@ def load_run_settings(run_dir: Path | None) -> RunSettings:
         raise RunConfigError(f"cannot read {path}: {exc}; pass the run_dir of a training run") from None
     if not isinstance(config, dict):
         raise RunConfigError(f"{path} is not a JSON object; pass the run_dir of a training run")
+    missing_reward = config.get("missing_reward", "drop")
     try:
         options = ConvertOptions(
             reward_weights=config.get("reward_weights") or {},
-            missing_reward=config.get("missing_reward", "drop"),
+            # A run with "error" stopped at the first attempt without a reward; pages show such an attempt as dropped.
+            missing_reward="drop" if missing_reward == "error" else missing_reward,
         )
     except ValueError as exc:
         raise RunConfigError(f"{path}: {exc}") from None

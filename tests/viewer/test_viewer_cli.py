@@ -34,6 +34,9 @@ def test_a_path_that_is_not_a_store_is_named(tmp_path: Path) -> None:
     assert f"{notes} is not an agl_bridge store" in error_line("--store", str(notes))
     assert "is not a directory" in error_line("--run-dir", str(tmp_path / "no-run"))
     assert "pass --store PATH" in error_line()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{not json")
+    assert f"cannot read {tmp_path / 'run' / 'config.json'}" in error_line("--run-dir", str(tmp_path / "run"))
 
 
 def test_another_schema_version_gets_the_clis_message(scenario_store: Path, tmp_path: Path) -> None:
