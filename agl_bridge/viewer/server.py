@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 from collections.abc import Callable
 
 import uvicorn
@@ -23,6 +24,7 @@ def serve_viewer(
 ) -> None:
     """Serve `viewer` on the listening `sock` until interrupted (Ctrl-C); closes the viewer at the end."""
     host, port = sock.getsockname()[:2]
+    threading.Thread(target=viewer.settle, name="agl-view-settle", daemon=True).start()
     try:
         app = create_app(viewer, key=key, port=port)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))

@@ -138,7 +138,7 @@ def test_runs_page_then_a_rollout_and_the_tokens_it_trained(
     page: Any, viewer_url: str, trained_run: Path, tmp_path: Path
 ) -> None:
     page.goto(viewer_url)
-    page.wait_for_selector(".chart svg path")
+    page.wait_for_selector(".chart svg path", state="attached")  # a flat line has no height: not "visible"
     assert page.locator(".chart").count() == 5
     assert page.locator('.chart[data-chart="reward"] .keys').inner_text().count("reward") == 2  # training, held-out
     chart = page.locator('.chart[data-chart="reward"] svg').bounding_box()
