@@ -346,6 +346,67 @@ def train_command(
         f"done: {summary.steps} steps in {summary.wall_time_s:.0f}s; held-out reward {summary.eval_start} → "
         f"{summary.eval_end}; see {summary.run_dir}"
     )
+    typer.echo(f"look at it: agl-bridge view --run-dir {summary.run_dir}")
+
+
+@app.command("view")
+def view_command(
+    store: Path | None = typer.Option(
+        None, "--store", metavar="PATH", help="The store file to look at (default: RUN_DIR/store.sqlite); read-only."
+    ),
+    run_dir: Path | None = typer.Option(
+        None,
+        "--run-dir",
+        metavar="DIR",
+        help="A training run directory: curves from metrics.jsonl, settings from config.json.",
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="Tokenizer for the token text: `tiny`, a model directory or hub id (default: the run's)."
+    ),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback needs --api-key."),
+    port: int = typer.Option(8765, min=0, max=65535, help="Port to listen on (0 picks a free one)."),
+    api_key: str | None = typer.Option(
+        None, envvar="AGL_API_KEY", help="Key the browser must bring; generated and printed if not given."
+    ),
+) -> None:
+    """Look at a store and a training run in the browser: curves, rollouts, calls, and the tokens trained."""
+    from agl_bridge.proxy.server import ProxyStartError, bind_socket, choose_api_key
+    from agl_bridge.viewer.app import Viewer
+    from agl_bridge.viewer.run_dir import STORE_FILE, RunConfigError
+    from agl_bridge.viewer.server import serve_viewer
+
+    if run_dir is not None and not run_dir.is_dir():
+        _fail(f"--run-dir {run_dir} is not a directory; pass the run_dir of a training run")
+    if store is None:
+        if run_dir is None:
+            _fail("pass --store PATH (a store file) or --run-dir DIR (a training run; its store is DIR/store.sqlite)")
+        store = run_dir / STORE_FILE
+    try:
+        key, generated = choose_api_key(host, api_key)
+        viewer = Viewer(store, run_dir, model)
+    except (ProxyStartError, RunConfigError) as exc:
+        _fail(str(exc))
+    except StoreError as exc:
+        _store_failure(exc, store)
+    try:
+        sock = bind_socket(host, port)
+    except ProxyStartError as exc:
+        viewer.close()
+        _fail(str(exc))
+
+    def announce(url: str) -> None:
+        typer.echo(f"agl-bridge view at {url}", err=True)
+        typer.echo(
+            f"  store {store.resolve()} (read-only)" + (f", run {run_dir.resolve()}" if run_dir else ""), err=True
+        )
+        if generated:
+            typer.echo("  the key in that address was generated; pass --api-key to choose one", err=True)
+        typer.echo("  Ctrl-C stops", err=True)
+
+    try:
+        serve_viewer(viewer, sock, key=key, on_ready=announce)
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command("plot")

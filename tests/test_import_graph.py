@@ -39,7 +39,10 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     # the harness of the reliability tests and benchmarks: proxies in subprocesses, load, fuzzing.
     "testing": FOUNDATION | {"chat", "models", "proxy", "runner", "sampler", "store", "tracing"},
     "sampling_demo": FOUNDATION | {"chat", "models", "sampler"},
-    "__main__": frozenset({"cli"}),  # `python -m agl_bridge` is the CLI
+    "__main__": frozenset({"cli"}),
+    # the read-only web app over a store and a run dir; only the CLI imports it.
+    "viewer": FOUNDATION
+    | {"chat", "convert", "models", "proxy", "store", "train"},  # `python -m agl_bridge` is the CLI
     "cli": FOUNDATION
     | {
         "chat",
@@ -53,6 +56,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "store",
         "tracing",
         "train",
+        "viewer",
     },
     ROOT: frozenset({"_env", "_version", "tracing"}),  # `agl_bridge.emit_reward` is tracing's, imported on use
 }

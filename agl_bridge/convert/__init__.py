@@ -28,7 +28,7 @@ from agl_bridge.convert.records import (
     Trajectory,
     TrajectorySegment,
 )
-from agl_bridge.convert.stream import convert_rollout, convert_store, effective_status
+from agl_bridge.convert.stream import convert_rollout, convert_rollout_attempts, convert_store, effective_status
 from agl_bridge.convert.trajectory import convert_attempt
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "check_segment",
     "convert_attempt",
     "convert_rollout",
+    "convert_rollout_attempts",
     "convert_store",
     "effective_status",
     "export_trajectories",

@@ -118,6 +118,11 @@ class TrajectorySegment:
         if self.split_kind is not None:
             self.split_kind = SplitKind(self.split_kind)
 
+    @property
+    def num_sampled(self) -> int:
+        """Tokens the policy sampled (mask 1) in this segment."""
+        return sum(call.response_end - call.response_start for call in self.calls)
+
 
 @dataclass(slots=True, kw_only=True)
 class Trajectory:

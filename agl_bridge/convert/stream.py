@@ -20,7 +20,7 @@ from agl_bridge.convert.records import ConversionReport, DropReason, Trajectory
 from agl_bridge.convert.trajectory import convert_attempt
 from agl_bridge.export_files import closing_stream
 from agl_bridge.store.base import Store
-from agl_bridge.types import Attempt, AttemptStatus, Rollout, RolloutRecords, RolloutStatus
+from agl_bridge.types import Attempt, AttemptRecords, AttemptStatus, Rollout, RolloutRecords, RolloutStatus
 
 OUTSIDE_ATTEMPT = "outside_attempt"
 """`calls_not_trained` key: a rollout's calls made outside any of its attempts."""
@@ -47,6 +47,14 @@ def _count(counts: dict[str, int], key: str, n: int = 1) -> None:
 
 def convert_rollout(records: RolloutRecords, options: ConvertOptions, report: ConversionReport) -> list[Trajectory]:
     """Convert every attempt of one rollout; counts everything seen in `report`."""
+    outcomes = convert_rollout_attempts(records, options, report)
+    return [result for _, result in outcomes if isinstance(result, Trajectory)]
+
+
+def convert_rollout_attempts(
+    records: RolloutRecords, options: ConvertOptions, report: ConversionReport
+) -> list[tuple[AttemptRecords, Trajectory | DropReason]]:
+    """Each attempt of one rollout with what it became: its trajectory, or why it has none (see convert_rollout)."""
     rollout = records.rollout
     report.rollouts_seen += 1
     report.calls_seen += len(records.other_calls)
@@ -54,7 +62,7 @@ def convert_rollout(records: RolloutRecords, options: ConvertOptions, report: Co
     rollout_level = [reward for reward in records.other_rewards if reward.attempt_id is None]
     report.rewards_seen += len(records.other_rewards)
     report.rewards_ignored += len(records.other_rewards) - (len(rollout_level) if records.attempts else 0)
-    trajectories: list[Trajectory] = []
+    outcomes: list[tuple[AttemptRecords, Trajectory | DropReason]] = []
     for bundle in records.attempts:
         report.attempts_seen += 1
         report.calls_seen += len(bundle.calls)
@@ -70,6 +78,7 @@ def convert_rollout(records: RolloutRecords, options: ConvertOptions, report: Co
             group_id=rollout.group_id,
             task=rollout.task,
         )
+        outcomes.append((bundle, result))
         if isinstance(result, DropReason):
             _count(report.dropped, result.value)
             _count(report.calls_not_trained, DROPPED_ATTEMPT, len(bundle.calls))
@@ -87,8 +96,7 @@ def convert_rollout(records: RolloutRecords, options: ConvertOptions, report: Co
                 reason = skip_reason(call, options)
                 if reason is not None:
                     _count(report.calls_not_trained, reason)
-        trajectories.append(result)
-    return trajectories
+    return outcomes
 
 
 async def convert_store(

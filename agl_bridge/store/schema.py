@@ -160,6 +160,12 @@ def ensure_schema(conn: sqlite3.Connection, path: str, created_by: str) -> None:
         raise
 
 
+def check_schema(conn: sqlite3.Connection, path: str) -> None:
+    """Check the version of an existing store without writing (for read-only openers); SchemaMismatch if not ours."""
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    _check_version(conn, path, tables)
+
+
 def _check_version(conn: sqlite3.Connection, path: str, tables: set[str]) -> None:
     if VERSION_TABLE not in tables:
         raise SchemaMismatch(

@@ -63,6 +63,30 @@ SQL_INTERPOLATIONS: dict[str, set[str]] = {
         "', '.join(rest)",
         "', '.join(('?' for _ in rest))",
     },
+    # The viewer (read-only): the store's column lists, IN-list markers, a WHERE of fixed conditions with `?`
+    # values, and an ORDER BY picked from SORTS by name.
+    "viewer/listing.py": {
+        "RETURN_FUNCTION",
+        "_FINAL_ATTEMPT",
+        "SORTS[query.sort]",
+        "direction",
+        "column",
+        "where",
+        "marks(ids)",
+    },
+    "viewer/records.py": {
+        "ATTEMPT_SELECT",
+        "LLM_CALL_SELECT",
+        "REWARD_SELECT",
+        "ROLLOUT_SELECT",
+        "marks(ids)",
+        "marks(rollout_ids)",
+        "order",
+        "select",
+        "table",
+        "where",
+    },
+    "viewer/trained.py": {"marks(wanted)"},
 }
 
 
