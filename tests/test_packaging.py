@@ -118,6 +118,7 @@ def test_the_wheel_builds_offline_and_runs_in_a_fresh_venv(tmp_path: Path) -> No
         capture_output=True,
         text=True,
         timeout=300,
+        env=_clean_env(),  # a PYTHONPATH holding a checkout's agl_bridge.egg-info would make pip skip the install
     )
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
     site_packages = Path(
