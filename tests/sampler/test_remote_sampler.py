@@ -110,7 +110,7 @@ def test_a_request_the_server_refuses_is_an_error_naming_the_server(remote: Remo
     small = RemoteSampler([remote_target.url], model="tiny", api_key=KEY, max_context=100_000)
     try:
         with pytest.raises(ContextLengthError, match=remote_target.url):
-            small.sample([5] * 5000, SamplingParams(max_tokens=4))
+            small.sample([5] * 70000, SamplingParams(max_tokens=4))
     finally:
         small.close()
 
