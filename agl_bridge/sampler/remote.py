@@ -30,7 +30,7 @@ import re
 import shutil
 import threading
 import weakref
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -54,6 +54,7 @@ from agl_bridge.sampler.remote_protocol import (
     parse_completion,
     parse_prompt_logprobs,
     scoring_body,
+    served_context_window,
 )
 
 __all__ = ["RemoteContextLengthError", "RemoteRequestError", "RemoteSampler", "RemoteSamplerError"]
@@ -71,7 +72,9 @@ class RemoteSampler:
     urls: the servers' base URLs (`http://host:port`, with or without `/v1`).
     model: the name the servers serve the base model under (vLLM's `--served-model-name`).
     api_key: sent as `Authorization: Bearer` (vLLM's `--api-key`, agl-bridge serve's `--api-key`).
-    vocab_size / max_context: checked locally before a request goes out (None: the servers check).
+    vocab_size: prompt ids are checked against it before a request goes out (None: the servers check).
+    max_context: the context window assumed for a server whose `/v1/models` does not give its
+      `max_model_len` (vLLM's does: each server's own is used, and `max_context` is their smallest).
     max_batch_size: most samples one request may ask for (the proxy's limit on `n`).
     timeout_s: longest wait for one answer; a server slower than that counts as failed.
     cooldown_s: how long a failed server stays out of rotation.
@@ -142,8 +145,13 @@ class RemoteSampler:
 
     @property
     def max_context(self) -> int:
-        """Most tokens (prompt + sampled) a sequence may have, as configured for these servers."""
-        return self._max_context
+        """Most tokens (prompt + sampled) a sequence may have: the smallest `max_model_len` the servers report.
+
+        Until a server has been asked (on its first request) or where it reports none, the
+        configured `max_context` stands in for it.
+        """
+        windows = [s.max_model_len or self._max_context for s in self.pool.servers]
+        return min(windows)
 
     @property
     def vocab_size(self) -> int | None:
@@ -160,11 +168,11 @@ class RemoteSampler:
         """Sample on the rollout's server (or the next healthy one); RemoteSamplerError if none can."""
         prompt = self._check(prompt_tokens, params, num_samples)
         name, version = self._begin()
-        body = completion_body(name, prompt, params, num_samples)
         try:
             return await self._call(
                 "sampling",
-                body,
+                name,
+                lambda window: completion_body(name, prompt, params, num_samples, window),
                 lambda url, answer: parse_completion(url, answer, prompt, num_samples, version),
                 len(prompt),
             )
@@ -180,13 +188,14 @@ class RemoteSampler:
         ids = [int(t) for t in token_ids]
         if len(ids) <= 1:
             return [None] * len(ids)
-        if len(ids) >= self._max_context:
-            raise ContextLengthError(len(ids), self._max_context)
+        if len(ids) >= self.max_context:
+            raise ContextLengthError(len(ids), self.max_context)
         name, _ = self._begin()
         try:
             return await self._call(
                 "scoring",
-                scoring_body(name, ids),
+                name,
+                lambda window: scoring_body(name, ids),
                 lambda url, answer: parse_prompt_logprobs(url, answer, ids),
                 len(ids),
             )
@@ -282,8 +291,8 @@ class RemoteSampler:
         if self._vocab_size is not None and any(t < 0 or t >= self._vocab_size for t in prompt):
             bad = next(t for t in prompt if t < 0 or t >= self._vocab_size)
             raise ValueError(f"prompt token id {bad} is outside the vocabulary 0..{self._vocab_size - 1}")
-        if len(prompt) >= self._max_context:
-            raise ContextLengthError(len(prompt), self._max_context)
+        if len(prompt) >= self.max_context:
+            raise ContextLengthError(len(prompt), self.max_context)
         return prompt
 
     def _begin(self) -> tuple[str, int]:
@@ -303,14 +312,23 @@ class RemoteSampler:
             # The last request that used an old adapter is done: unload it off this request's path.
             self._loop_thread.submit(self._retire(name))
 
-    async def _call(self, what: str, body: dict[str, Any], parse: Any, prompt_length: int) -> Any:
+    async def _call(
+        self,
+        what: str,
+        name: str,
+        make_body: Callable[[int], dict[str, Any]],
+        parse: Callable[[str, Any], T],
+        prompt_length: int,
+    ) -> T:
+        """Send the body `make_body(server's context window)` to the best server that answers; parse its answer."""
         client = self._client()
         failures: list[tuple[str, str]] = []
         for server in self.pool.order(current_affinity()):
             self.pool.started(server)
             try:
-                result = await self._call_server(client, server, body, parse, prompt_length)
+                result = await self._call_server(client, server, name, make_body, parse, prompt_length)
             except ServerFailure as failure:
+                server.max_model_len = None  # it may come back restarted with other settings: ask again
                 self.pool.mark_down(server, failure.reason)
                 failures.append((server.url, failure.reason))
                 logger.warning("sampler server %s failed and is out of rotation: %s", server.url, failure.reason)
@@ -322,11 +340,25 @@ class RemoteSampler:
         raise RemoteSamplerError.from_failures(what, failures)
 
     async def _call_server(
-        self, client: aiohttp.ClientSession, server: ServerState, body: dict[str, Any], parse: Any, prompt_length: int
-    ) -> Any:
-        name = body["model"]
+        self,
+        client: aiohttp.ClientSession,
+        server: ServerState,
+        name: str,
+        make_body: Callable[[int], dict[str, Any]],
+        parse: Callable[[str, Any], T],
+        prompt_length: int,
+    ) -> T:
+        window = await self._context_window(client, server)
+        if prompt_length >= window:
+            raise RemoteContextLengthError(
+                server.url,
+                prompt_length,
+                window,
+                f"its context window (max_model_len) is {window} tokens; shorten the prompt to at most {window - 1}",
+            )
         if name != self.model and name not in server.loaded:
             await self._load_on(server, name, self._adapter_paths[name])
+        body = make_body(window)
         response = await self._post(client, server, "/v1/completions", body)
         if response.status == 404 and name != self.model:
             # The server lost the adapter (restarted?): load it again and retry there once.
@@ -349,16 +381,28 @@ class RemoteSampler:
         if status >= 500 or status in (404, 408, 429):
             raise ServerFailure(server.url, f"HTTP {status}: {message}")
         if code == "context_length_exceeded" or _CONTEXT_WORDS.search(message):
-            raise RemoteContextLengthError(server.url, prompt_length, self._max_context, message)
+            window = server.max_model_len or self._max_context
+            server.max_model_len = None  # its settings may have changed since we asked: ask again next time
+            raise RemoteContextLengthError(server.url, prompt_length, window, message)
         raise RemoteRequestError(server.url, status, message, param)
+
+    async def _context_window(self, client: aiohttp.ClientSession, server: ServerState) -> int:
+        """The server's `max_model_len` from its `/v1/models` (asked once), else the configured max_context."""
+        if server.max_model_len is None:
+            answer = await self._request(client, server, "GET", "/v1/models")
+            server.max_model_len = served_context_window(answer.json(), self.model) if answer.status < 400 else 0
+        return server.max_model_len or self._max_context
 
     async def _post(
         self, client: aiohttp.ClientSession, server: ServerState, path: str, body: dict[str, Any]
     ) -> _Answer:
+        return await self._request(client, server, "POST", path, json.dumps(body, separators=(",", ":")).encode())
+
+    async def _request(
+        self, client: aiohttp.ClientSession, server: ServerState, method: str, path: str, data: bytes | None = None
+    ) -> _Answer:
         try:
-            async with client.post(
-                f"{server.url}{path}", data=json.dumps(body, separators=(",", ":")).encode()
-            ) as response:
+            async with client.request(method, f"{server.url}{path}", data=data) as response:
                 return _Answer(response.status, await response.read())
         except TimeoutError as error:  # aiohttp's timeouts are asyncio.TimeoutError subclasses
             raise ServerFailure(

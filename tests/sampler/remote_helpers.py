@@ -132,13 +132,16 @@ class FakeServer:
     ok: answers every prompt with `reply` (its last prompt id, then 1, 2, ...) and logprob -0.25 each.
     no_ids: the same answer without token_ids / prompt_token_ids (an old vLLM). slow: sleeps
     `delay_s` first. error: HTTP 500. relay: forwards the body to `relay_to` with `relay_key`.
-    `requests` logs every body it got.
+    `GET /v1/models` lists `model` with `max_model_len` as vLLM does (without it when None), in every
+    mode. `requests` logs every other body it got, `headers` their headers.
     """
 
     mode: str = "ok"
     delay_s: float = 2.0
     relay_to: str | None = None
     relay_key: str | None = None
+    model: str = "m"
+    max_model_len: int | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     port: int = 0
@@ -183,8 +186,9 @@ class FakeServer:
             if not message.get("more_body"):
                 break
         request = json.loads(body or b"{}")
-        self.requests.append({"path": scope["path"], **request})
-        self.headers.append({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
+        if scope["path"] != "/v1/models":  # the sampler asks it once per server: not a request the tests count
+            self.requests.append({"path": scope["path"], **request})
+            self.headers.append({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
         status, answer = await self._answer(scope["path"], request)
         payload = json.dumps(answer).encode()
         await send(
@@ -193,6 +197,11 @@ class FakeServer:
         await send({"type": "http.response.body", "body": payload})
 
     async def _answer(self, path: str, request: dict[str, Any]) -> tuple[int, Any]:
+        if path == "/v1/models":
+            entry: dict[str, Any] = {"id": self.model, "object": "model", "parent": None}
+            if self.max_model_len is not None:
+                entry["max_model_len"] = self.max_model_len
+            return 200, {"object": "list", "data": [entry]}
         if self.mode == "relay":
             async with httpx.AsyncClient(timeout=60) as client:
                 response = await client.post(

@@ -15,7 +15,7 @@ import pytest
 from remote_helpers import KEY, FakeServer, free_port
 
 from agl_bridge.sampler.affinity import sampling_affinity
-from agl_bridge.sampler.base import SamplingParams
+from agl_bridge.sampler.base import ContextLengthError, SamplingParams
 from agl_bridge.sampler.remote import RemoteSampler, RemoteSamplerError
 
 PROMPT = [5, 17, 300, 42, 7, 99]
@@ -104,8 +104,6 @@ async def test_async_sampling_from_an_event_loop(remote: RemoteSampler) -> None:
 
 @pytest.mark.slow
 def test_a_request_the_server_refuses_is_an_error_naming_the_server(remote: RemoteSampler, remote_target) -> None:
-    from agl_bridge.sampler.base import ContextLengthError
-
     small = RemoteSampler([remote_target.url], model="tiny", api_key=KEY, max_context=100_000)
     try:
         with pytest.raises(ContextLengthError, match=remote_target.url):
@@ -157,7 +155,7 @@ def test_every_server_down_is_an_error_naming_each(fakes: list[FakeServer]) -> N
         with pytest.raises(RemoteSamplerError) as caught:
             sampler.sample([1, 2], SamplingParams(max_tokens=2))
     message = str(caught.value)
-    assert all(url in message for url in dead) and "cannot reach /v1/completions" in message
+    assert all(url in message for url in dead) and "cannot reach /v1/models" in message, "asked first: its window"
 
 
 def test_a_slow_server_times_out_with_an_error_naming_it(fakes: list[FakeServer]) -> None:
@@ -176,6 +174,22 @@ def test_an_answer_without_token_ids_or_a_5xx_is_an_error_naming_the_server(fake
         with pytest.raises(RemoteSamplerError, match=missing) as caught:
             sampler.sample([1, 2], SamplingParams(max_tokens=2))
     assert fakes[0].url in str(caught.value)
+
+
+def test_the_servers_max_model_len_bounds_prompts_and_max_tokens(fakes: list[FakeServer]) -> None:
+    # Regression: the context window came from the model's config (here 4096), not from what the server
+    # serves (vLLM's --max-model-len, in its /v1/models), so prompts it refuses were sent, and
+    # max_tokens=None went out as null (vLLM's 16 tokens).
+    fakes[0].max_model_len = 64
+    with RemoteSampler([fakes[0].url], model="m", max_context=4096) as sampler:
+        assert sampler.max_context == 4096, "not asked yet"
+        sampler.sample([1, 2, 3, 4], SamplingParams(max_tokens=None))
+        assert fakes[0].requests[-1]["max_tokens"] == 60
+        assert sampler.max_context == 64
+        with pytest.raises(ContextLengthError, match="context window is 64 tokens") as caught:
+            sampler.sample([1] * 100, SamplingParams(max_tokens=4))
+        assert caught.value.max_context == 64
+    assert len(fakes[0].requests) == 1, "the prompt that does not fit was never sent"
 
 
 def test_a_bad_server_fails_over_to_a_good_one(fakes: list[FakeServer]) -> None:
