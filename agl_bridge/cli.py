@@ -196,7 +196,7 @@ def serve_command(
         "--sampler",
         metavar="hf|remote|vllm",
         help="hf: transformers in this process; remote: vLLM-protocol servers (--sampler-url); vllm: an in-process "
-        "vLLM engine (GPU).",
+        "vLLM engine (CUDA GPU, or vLLM's CPU build).",
     ),
     sampler_url: list[str] = typer.Option(
         [],
@@ -219,6 +219,21 @@ def serve_command(
         metavar="SECONDS",
         help="Longest wait for one remote answer before that server counts as failed.",
     ),
+    dtype: str | None = typer.Option(
+        None, "--dtype", help="vllm sampler: auto|float32|bfloat16|float16 (default float32 on CPU, auto on a GPU)."
+    ),
+    max_model_len: int | None = typer.Option(
+        None, "--max-model-len", metavar="N", help="vllm sampler: context window (default: the model's)."
+    ),
+    max_lora_rank: int | None = typer.Option(
+        None, "--max-lora-rank", metavar="R", help="vllm sampler: largest adapter rank it loads (default 64)."
+    ),
+    max_loras: int | None = typer.Option(
+        None, "--max-loras", metavar="N", help="vllm sampler: adapters held at once (default 2)."
+    ),
+    enforce_eager: bool | None = typer.Option(
+        None, "--enforce-eager/--no-enforce-eager", help="vllm sampler: no CUDA graphs or compilation."
+    ),
     torch_threads: int | None = typer.Option(
         None,
         "--torch-threads",
@@ -233,6 +248,7 @@ def serve_command(
     from agl_bridge.proxy.server import ProxyServer, ProxyStartError, bind_socket, choose_api_key
     from agl_bridge.proxy.server import litellm_config as litellm_config_dict
     from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError, build_sampler, split_urls
+    from agl_bridge.sampler.vllm import VLLMSettingError
     from agl_bridge.store.errors import StoreError
 
     name = served_model_name or ("tiny" if model.startswith("tiny") else Path(model.rstrip("/")).name)
@@ -243,12 +259,18 @@ def serve_command(
         remote_model=sampler_model,
         timeout_s=sampler_timeout,
         max_batch_size=max_batch_size,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        max_lora_rank=max_lora_rank,
+        max_loras=max_loras,
+        enforce_eager=enforce_eager,
     )
     try:
         spec.validate()
     except SamplerSpecError as exc:
         flags = {"sampler": "--sampler", "sampler_urls": "--sampler-url", "sampler_timeout_s": "--sampler-timeout"}
-        _fail(f"{flags.get(exc.field, exc.field)}: {exc}")
+        flag = flags.get(exc.field, "--" + exc.field.removeprefix("sampler_").replace("_", "-"))
+        _fail(f"{flag}: {exc}")
     _check_writable_store(store)
     try:  # refuse a public bind without a key, a taken port or a bad LiteLLM config before the (slow) model load
         choose_api_key(host, api_key)
@@ -271,6 +293,8 @@ def serve_command(
         _fail(f"cannot load model {model!r}: {exc}")
     except ImportError as exc:  # --sampler vllm without vLLM or without a GPU: the message says what to install
         _fail(str(exc))
+    except VLLMSettingError as exc:  # vLLM refused an engine setting; the message names it
+        _fail(f"--sampler vllm: {exc}")
     try:
         server = ProxyServer(
             sampler=sampler,

@@ -1,5 +1,5 @@
 """Building the sampler a command or a run asks for: `hf` (in-process transformers), `remote`
-(vLLM-protocol servers over HTTP) or `vllm` (an in-process vLLM engine, GPU only).
+(vLLM-protocol servers over HTTP) or `vllm` (an in-process vLLM engine: CUDA GPU or vLLM's CPU build).
 
 The CLI (`agl-bridge serve --sampler ...`) and the trainer config (`sampler = ...`) both describe a
 sampler with a `SamplerSpec`; `SamplerSpecError.field` names the option that is wrong so each caller
@@ -16,6 +16,7 @@ from agl_bridge import semconv
 
 SamplerKind = Literal["hf", "remote", "vllm"]
 SAMPLER_KINDS: tuple[str, ...] = ("hf", "remote", "vllm")
+VLLM_DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 
 
 class SamplerSpecError(ValueError):
@@ -35,6 +36,12 @@ class SamplerSpec:
     under (default: the served model name). timeout_s: longest wait for one remote answer.
     adapter_dir: where adapters are written for remote servers to load. max_batch_size: most
     sequences sampled together (hf) / most samples per request.
+
+    The in-process vLLM engine's settings (sampler `vllm` only; a remote vLLM server takes the same
+    ones as its own flags), None meaning the default: dtype (float32 on CPU, so logprobs match the
+    trainer's; "auto" on a GPU), max_model_len (the model's context window), max_lora_rank (64; at
+    least the trainer's lora_rank), max_loras (2: the old and the new adapter overlap during a
+    sync), enforce_eager (false; true skips CUDA graphs / compilation: faster start, slower steps).
     """
 
     kind: str = "hf"
@@ -45,6 +52,11 @@ class SamplerSpec:
     adapter_dir: str | None = None
     max_batch_size: int = 64
     seed: int | None = None
+    dtype: str | None = None
+    max_model_len: int | None = None
+    max_lora_rank: int | None = None
+    max_loras: int | None = None
+    enforce_eager: bool | None = None
 
     def validate(self) -> None:
         """Raise SamplerSpecError naming the first option that is wrong."""
@@ -71,6 +83,39 @@ class SamplerSpec:
         if not isinstance(self.timeout_s, (int, float)) or isinstance(self.timeout_s, bool) or self.timeout_s <= 0:
             raise SamplerSpecError(
                 "sampler_timeout_s", f"sampler_timeout_s must be a number of seconds > 0, got {self.timeout_s!r}"
+            )
+        self._validate_engine_settings()
+
+    def _validate_engine_settings(self) -> None:
+        if self.dtype is not None and self.dtype not in VLLM_DTYPES:
+            raise SamplerSpecError(
+                "sampler_dtype", f"sampler_dtype must be one of {', '.join(VLLM_DTYPES)}, got {self.dtype!r}"
+            )
+        for name, value, least in (
+            ("sampler_max_model_len", self.max_model_len, 2),
+            ("sampler_max_lora_rank", self.max_lora_rank, 1),
+            ("sampler_max_loras", self.max_loras, 1),
+        ):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+                raise SamplerSpecError(name, f"{name} must be an integer >= {least}, got {value!r}")
+        if self.enforce_eager is not None and not isinstance(self.enforce_eager, bool):
+            raise SamplerSpecError(
+                "sampler_enforce_eager", f"sampler_enforce_eager must be true or false, got {self.enforce_eager!r}"
+            )
+        settings = {
+            "sampler_dtype": self.dtype,
+            "sampler_max_model_len": self.max_model_len,
+            "sampler_max_lora_rank": self.max_lora_rank,
+            "sampler_max_loras": self.max_loras,
+            "sampler_enforce_eager": self.enforce_eager,
+        }
+        changed = [name for name, value in settings.items() if value is not None]
+        if changed and self.kind != "vllm":
+            where = "set them on the vLLM servers (vllm serve flags)" if self.kind == "remote" else "they do not apply"
+            raise SamplerSpecError(
+                changed[0],
+                f"{changed[0]} is a setting of the in-process vLLM engine (sampler 'vllm'); with sampler "
+                f"{self.kind!r} {where}",
             )
 
 
@@ -99,6 +144,11 @@ def build_sampler(spec: SamplerSpec, model_path: str, tokenizer: Any, *, served_
             max_batch_size=spec.max_batch_size,
             adapter_dir=spec.adapter_dir,
             seed=spec.seed,
+            dtype=spec.dtype,
+            max_model_len=spec.max_model_len,
+            max_lora_rank=spec.max_lora_rank or 64,
+            max_loras=spec.max_loras or 2,
+            enforce_eager=bool(spec.enforce_eager),
         )
     from agl_bridge.sampler.remote import RemoteSampler
 

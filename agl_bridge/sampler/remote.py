@@ -250,6 +250,12 @@ class RemoteSampler:
             await self._retire(old)
         return new_version
 
+    async def _unload_all(self) -> None:
+        with self._lock:
+            self._active = (self.model, self._active[1])  # nothing of ours stays active
+        for name in list(self._adapter_paths):
+            await self._retire(name)
+
     def status(self) -> list[dict[str, object]]:
         """Each server's URL, whether it is in rotation, its last error, requests in flight."""
         return self.pool.status()
@@ -257,9 +263,15 @@ class RemoteSampler:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Close the HTTP clients and the private loop."""
+        """Unload the adapters this sampler loaded (the servers keep no slot for a finished run), close the
+        HTTP clients and the private loop."""
         if self._closed:
             return
+        if self._adapter_paths and not self._loop_thread.is_current():
+            try:
+                self._loop_thread.run(asyncio.wait_for(self._unload_all(), timeout=30))
+            except (TimeoutError, RemoteSamplerError) as error:
+                logger.warning("could not unload every adapter at close: %s", error)
         self._closed = True
         private = self._loop_thread.started_loop
         own = self._clients.pop(private, None) if private is not None else None
@@ -417,10 +429,16 @@ class RemoteSampler:
             self._client(), server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}
         )
         if response.status >= 400:
-            message, _, _ = error_message(response.json(), response.text[:300] or f"HTTP {response.status}")
+            raw = response.text[:300] or f"HTTP {response.status}"
+            message, _, _ = error_message(response.json(), raw)
             if not _ALREADY_LOADED.search(message):
+                # A 404 without an error body of vLLM's own: the route is not there (no LoRA on that server).
+                # vLLM's own 404 ("No adapter found for ...") means the server cannot read the folder.
                 hint = (
-                    " (start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+                    " (start vLLM with --enable-lora --max-lora-rank R --max-loras 2 and the environment "
+                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+                    if response.status == 404 and message == raw
+                    else " (the folder must be readable by the server at this same path)"
                     if response.status == 404
                     else ""
                 )

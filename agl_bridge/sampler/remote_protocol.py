@@ -37,7 +37,7 @@ def completion_body(
         "model": model,
         "prompt": list(prompt),
         "n": num_samples,
-        "max_tokens": new_token_budget(params, len(prompt), context_window),
+        "max_tokens": params.token_budget(len(prompt), context_window),
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k if params.top_k > 0 else -1,
@@ -51,15 +51,6 @@ def completion_body(
         body["stop_token_ids"] = list(params.stop_token_ids)
         body["stop"] = list(params.stop_strings)
     return body
-
-
-def new_token_budget(params: SamplingParams, prompt_length: int, context_window: int) -> int:
-    """Most new tokens to sample: `params.max_tokens`, never past the context window (None: up to it).
-
-    The same limit our own sampler applies (it stops with "length" when the window is full).
-    """
-    room = context_window - prompt_length
-    return room if params.max_tokens is None else min(params.max_tokens, room)
 
 
 def served_context_window(answer: Any, model: str) -> int:

@@ -89,6 +89,11 @@ class GRPOConfig:
     sampler_api_key: str | None = None
     sampler_model: str | None = None
     sampler_timeout_s: float = 600.0
+    sampler_dtype: str | None = None
+    sampler_max_model_len: int | None = None
+    sampler_max_lora_rank: int | None = None
+    sampler_max_loras: int | None = None
+    sampler_enforce_eager: bool | None = None
     adapter_dir: str | None = None
     litellm_config: str | None = None
 
@@ -100,6 +105,10 @@ class GRPOConfig:
             self.sampler_spec().validate()
         except SamplerSpecError as error:
             raise ConfigError(f"{error.field}: {error}") from None
+        if self.sampler_max_lora_rank is not None and self.sampler_max_lora_rank < self.lora_rank:
+            raise ConfigError(
+                f"sampler_max_lora_rank ({self.sampler_max_lora_rank}) must be at least lora_rank ({self.lora_rank})"
+            )
         if self.sampler != "hf" and self.train_unembedding:
             raise ConfigError(
                 f"train_unembedding cannot be used with sampler {self.sampler!r}: vLLM loads LoRA weights only, not a "
@@ -162,6 +171,12 @@ class GRPOConfig:
             adapter_dir=self.adapter_dir or str(Path(self.run_dir) / "adapters"),
             max_batch_size=max(64, self.concurrency),
             seed=self.seed,
+            dtype=self.sampler_dtype,
+            max_model_len=self.sampler_max_model_len,
+            max_lora_rank=self.sampler_max_lora_rank
+            or (max(64, self.lora_rank) if self.sampler == "vllm" and isinstance(self.lora_rank, int) else None),
+            max_loras=self.sampler_max_loras,
+            enforce_eager=self.sampler_enforce_eager,
         )
 
 

@@ -47,15 +47,22 @@ def serve_env() -> dict[str, str]:
 
 
 class ServeSubprocess:
-    """`agl-bridge serve --port 0 --api-key KEY ...extra` in a subprocess; `url` once it serves."""
+    """`agl-bridge serve --port 0 --api-key KEY ...extra` in a subprocess; `url` once it serves.
 
-    def __init__(self, model_dir: Path, store: Path, *extra: str) -> None:
+    python/env: run it as `python -m agl_bridge.cli` of another venv, in a session of its own (the
+    vLLM tests: `process.pid` is then the session id of everything it starts).
+    """
+
+    def __init__(
+        self, model_dir: Path, store: Path, *extra: str, python: Path | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.store = store
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
+        command = [AGL_BRIDGE] if python is None else [str(python), "-m", "agl_bridge.cli"]
         self.process = subprocess.Popen(
             [
-                AGL_BRIDGE,
+                *command,
                 "serve",
                 "--model",
                 str(model_dir),
@@ -70,8 +77,9 @@ class ServeSubprocess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env=serve_env(),
+            env=serve_env() if env is None else env,
             cwd=store.parent,
+            start_new_session=python is not None,
         )
         assert self.process.stderr is not None
         threading.Thread(target=lambda: [self.lines.put(line) for line in self.process.stderr], daemon=True).start()
@@ -81,7 +89,7 @@ class ServeSubprocess:
     def url(self) -> str:
         """`http://127.0.0.1:PORT` of the server, waiting for it to start."""
         if self._url is None:
-            deadline = time.monotonic() + 180
+            deadline = time.monotonic() + 300
             while self._url is None and time.monotonic() < deadline:
                 try:
                     line = self.lines.get(timeout=0.5)
