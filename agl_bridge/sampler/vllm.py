@@ -14,8 +14,10 @@ trainer's adapter as a `LoRARequest` named `<model>-v<N>`; requests carry the ac
 token reports the version that produced it; an older adapter is removed (and its folder deleted)
 once no request in flight uses it.
 
-vLLM runs its engine core in a child process; `close()` shuts it down, and so does interpreter exit
-(atexit) for a sampler that was never closed.
+vLLM runs its engine core and a worker in child processes that do not watch their parent: `close()`
+shuts them down, and so does interpreter exit (atexit) for a sampler that was never closed. So that
+SIGTERM reaches those too, the sampler makes it raise SystemExit where it would otherwise end the
+process at once (Python's default; uvicorn restores and re-raises it after its own shutdown).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import atexit
 import itertools
 import os
 import shutil
+import signal
+import threading
 import uuid
 import weakref
 from collections.abc import Sequence
@@ -141,6 +145,7 @@ class VLLMSampler:
         self._vocab_size = len(tokenizer) if tokenizer is not None else None
         self._finalizer = weakref.finalize(self, _shutdown, self._engine, self._loop)
         atexit.register(self._finalizer)
+        _exit_on_sigterm()
 
     async def _start(self, args: dict[str, Any]) -> Any:
         try:
@@ -150,8 +155,8 @@ class VLLMSampler:
         try:
             return self._vllm.AsyncLLMEngine.from_engine_args(engine_args)
         except ValueError as error:  # vLLM's config checks (pydantic's ValidationError is a ValueError)
-            named = [name for name in args if name in str(error)]
-            setting = named[0] if named else None
+            # The setting vLLM's message names (the longest match: "max_model_len" over "model").
+            setting = max((name for name in args if name in str(error)), key=len, default=None)
             raise VLLMSettingError(
                 setting,
                 f"vLLM refused the engine settings{f' ({setting}={args[setting]!r})' if setting else ''}: {error}",
@@ -317,6 +322,16 @@ class VLLMSampler:
         if params.stop is not None:
             kwargs.update(ignore_eos=True, stop_token_ids=list(params.stop_token_ids), stop=list(params.stop_strings))
         return kwargs
+
+
+def _exit_on_sigterm() -> None:
+    """Make SIGTERM raise SystemExit (so `finally` blocks and atexit run) where it still has Python's default."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_system_exit)
+
+
+def _raise_system_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _shutdown(engine: Any, loop: LoopThread) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import openai
 import pytest
 from remote_helpers import KEY, ServeSubprocess
-from vllm_helpers import REPO, session_processes, vllm_env, vllm_python, wait_gone
+from vllm_helpers import REPO, kill_session, session_processes, vllm_env, vllm_python, wait_gone
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -29,7 +29,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 def _run_in_vllm_venv(code: str, tmp_path: Path, timeout: float = 420) -> tuple[subprocess.CompletedProcess, list]:
     """Run `code` with the vLLM venv's python; (the finished process, PIDs its session left alive)."""
     script = tmp_path / f"script_{uuid.uuid4().hex[:6]}.py"
-    script.write_text(textwrap.dedent(code))
+    # vLLM spawns its engine core, which imports the main module again: the work goes under the main guard.
+    body = textwrap.indent(textwrap.dedent(code), "    ")
+    script.write_text(f"def main():\n{body}\n\nif __name__ == '__main__':\n    main()\n")
     process = subprocess.Popen(
         [str(vllm_python()), str(script)],
         stdout=subprocess.PIPE,
@@ -39,13 +41,19 @@ def _run_in_vllm_venv(code: str, tmp_path: Path, timeout: float = 420) -> tuple[
         cwd=tmp_path,
         start_new_session=True,
     )
-    output, _ = process.communicate(timeout=timeout)
-    return subprocess.CompletedProcess(process.args, process.returncode, output), wait_gone(process.pid, timeout=30)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        left = wait_gone(process.pid, timeout=30)
+        kill_session(process.pid)
+    return subprocess.CompletedProcess(process.args, process.returncode, output), left
 
 
 def _result(run: subprocess.CompletedProcess) -> dict:
     assert run.returncode == 0, run.stdout[-6000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, run.stdout[-6000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
 
 
 def test_the_sampler_on_vllms_cpu_build(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -97,7 +105,7 @@ def test_the_sampler_on_vllms_cpu_build(tiny_model_dir: Path, tmp_path: Path) ->
         out["adapter_folders"] = sorted(p.name for p in sampler.adapter_dir.iterdir())
         client.close()
         sampler.close()
-        print(json.dumps(out))
+        print("RESULT " + json.dumps(out), flush=True)
     """
     run, left = _run_in_vllm_venv(code, tmp_path)
     out = _result(run)
@@ -154,6 +162,7 @@ def test_serve_with_the_vllm_sampler_end_to_end(stop_signal: int, tiny_model_dir
         if server.process.poll() is None:
             server.process.kill()
         left = wait_gone(server.process.pid, timeout=30)
+        kill_session(server.process.pid)
     assert left == [], f"{signal.Signals(stop_signal).name} left engine processes {left}"
 
 
@@ -173,8 +182,8 @@ def test_the_hello_demo_trains_on_vllm_and_leaves_no_engine_process(tmp_path: Pa
         sys.path.insert(0, {str(REPO / "examples" / "hello_qwen")!r})
         sys.argv = ["train.py", "--quick", "--sampler", "vllm", "--run-dir", {str(tmp_path / "run")!r}]
         import train
-        summary = train.main()
-        print(json.dumps({{"steps": summary.steps, "eval_end": summary.eval_end}}))
+        summary = train.main(sys.argv[1:])
+        print("RESULT " + json.dumps({{"steps": summary.steps, "eval_end": summary.eval_end}}), flush=True)
     """
     run, left = _run_in_vllm_venv(code, tmp_path, timeout=900)
     out = _result(run)

@@ -83,6 +83,15 @@ def wait_gone(session_id: int, timeout: float = 60) -> list[int]:
     return left
 
 
+def kill_session(session_id: int) -> None:
+    """SIGKILL whatever of the session (one our test started) is still alive."""
+    for pid in session_processes(session_id):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 class VLLMServer:
     """`python -m vllm.entrypoints.openai.api_server` on the tiny model, LoRA enabled unless `lora=False`."""
 
@@ -144,8 +153,8 @@ class VLLMServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
-        for pid in wait_gone(self.process.pid, timeout=10):
-            os.kill(pid, signal.SIGKILL)
+        wait_gone(self.process.pid, timeout=10)
+        kill_session(self.process.pid)
 
 
 @contextmanager
