@@ -123,6 +123,10 @@ class RemoteSampler:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
             weakref.WeakKeyDictionary()
         )
+        # Per caller loop: a task that closes that loop's session when cancelled (see `_client`).
+        self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._loop_thread = LoopThread("agl-remote-sampler")
         self._lock = threading.Lock()
         self._active = (model, 0)  # (adapter name requests use, its policy version)
@@ -275,10 +279,11 @@ class RemoteSampler:
         self._closed = True
         private = self._loop_thread.started_loop
         own = self._clients.pop(private, None) if private is not None else None
-        for loop, client in list(self._clients.items()):
+        for loop, closer in list(self._closers.items()):
             if loop.is_running() and not loop.is_closed():
-                asyncio.run_coroutine_threadsafe(client.close(), loop)
+                loop.call_soon_threadsafe(closer.cancel)
         self._clients.clear()
+        self._closers.clear()
         self._loop_thread.close(own.close() if own is not None else None)
 
     def __enter__(self) -> RemoteSampler:
@@ -489,6 +494,10 @@ class RemoteSampler:
             connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=60)
             client = aiohttp.ClientSession(connector=connector, timeout=self._timeout, headers=self._headers)
             self._clients[loop] = client
+            if not self._loop_thread.is_current():
+                # A caller's loop (the proxy's) may end before `close()`: asyncio.run cancels the tasks
+                # left when its main coroutine returns, and this one then closes the session on its loop.
+                self._closers[loop] = loop.create_task(_close_when_cancelled(client))
         return client
 
     def _run_sync(self, coroutine: Coroutine[Any, Any, T]) -> T:
@@ -516,6 +525,13 @@ class _Answer:
     def text(self) -> str:
         """The body as text (undecodable bytes replaced)."""
         return self.content.decode("utf-8", errors="replace")
+
+
+async def _close_when_cancelled(client: aiohttp.ClientSession) -> None:
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await client.close()
 
 
 def _timeout_text(timeout: aiohttp.ClientTimeout) -> str:

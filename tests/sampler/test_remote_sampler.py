@@ -235,3 +235,22 @@ def test_bad_settings_are_refused_by_name() -> None:
         assert sampler.pool.servers[0].url == "http://127.0.0.1:1"
         with pytest.raises(ValueError, match="adapter_dir"):
             sampler.adapter_path(1)
+
+
+def test_a_session_on_a_callers_loop_is_closed_when_that_loop_ends(fakes: list[FakeServer]) -> None:
+    # The proxy's loop (asyncio.run) ends before the sampler is closed: its session must not leak.
+    import gc
+    import warnings
+
+    sampler = RemoteSampler([fakes[0].url], model="m")
+
+    async def serve_a_request() -> None:
+        await sampler.sample_async([1, 2], SamplingParams(max_tokens=2))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(serve_a_request())
+        sampler.close()
+        gc.collect()
+    leaks = [str(w.message) for w in caught if "Unclosed" in str(w.message)]
+    assert leaks == []

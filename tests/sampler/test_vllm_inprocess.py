@@ -189,5 +189,8 @@ def test_the_hello_demo_trains_on_vllm_and_leaves_no_engine_process(tmp_path: Pa
     out = _result(run)
     assert out["steps"] == 3 and out["eval_end"] is not None
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert any("sampler_logprob_gap" in str(m) or "logprob" in str(m) for m in metrics), metrics[-1]
+    steps = [m for m in metrics if m.get("phase") == "train"]
+    assert len(steps) == 3 and all(m["rollouts_failed"] == 0 and m["trajectories"] > 0 for m in steps), steps
+    assert max(m["logprob_diff_abs_max"] for m in steps) <= 1e-4, "vLLM's logprobs are the trainer's (float32)"
+    assert [m["policy_version"] for m in steps] == sorted({m["policy_version"] for m in steps}), "a sync per step"
     assert left == [], "the end of the run left engine processes"
