@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import gc
 import itertools
 import os
 import shutil
@@ -209,6 +210,10 @@ class VLLMSampler:
         """Shut the engine down (its core process included) and stop the engine's loop."""
         self._finalizer()
         atexit.unregister(self._finalizer)
+        # AsyncLLM shuts down again in __del__, which fails at interpreter teardown (its module globals
+        # are gone by then); collect it now, while that second shutdown is still a no-op.
+        self._engine = None
+        gc.collect()
 
     def __enter__(self) -> VLLMSampler:
         return self
@@ -338,5 +343,8 @@ def _shutdown(engine: Any, loop: LoopThread) -> None:
     """Stop vLLM's engine core process and the loop it was driven from (once; from close or atexit)."""
     try:
         engine.shutdown()
+        handler = getattr(engine, "output_handler", None)
+        if isinstance(handler, asyncio.Task):  # cancelled by shutdown(): let it finish before the loop stops
+            loop.run(asyncio.wait({handler}, timeout=5))
     finally:
         loop.close()

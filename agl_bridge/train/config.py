@@ -105,7 +105,8 @@ class GRPOConfig:
             self.sampler_spec().validate()
         except SamplerSpecError as error:
             raise ConfigError(f"{error.field}: {error}") from None
-        if self.sampler_max_lora_rank is not None and self.sampler_max_lora_rank < self.lora_rank:
+        rank = self.lora_rank
+        if self.sampler_max_lora_rank is not None and isinstance(rank, int) and self.sampler_max_lora_rank < rank:
             raise ConfigError(
                 f"sampler_max_lora_rank ({self.sampler_max_lora_rank}) must be at least lora_rank ({self.lora_rank})"
             )
