@@ -126,6 +126,38 @@ def serving(model_dir: Path, store: Path, *extra: str) -> Iterator[ServeSubproce
         server.stop()
 
 
+def recorded_calls(store: Path, rollout: str) -> list:
+    """The LLM calls a store holds for `rollout`."""
+    from agl_bridge.store.export import open_existing_store
+
+    async def read() -> list:
+        async with open_existing_store(store) as opened:
+            return [c async for c in opened.iter_llm_calls(rollout)]
+
+    return asyncio.run(read())
+
+
+def perturb_lora(client: Any, seed: int) -> None:
+    """Give a TrainingClient's LoRA B matrices random values, so its adapter changes the model."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in client.model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+
+
+def trainer_logprobs(client: Any, tokens: list[int]) -> list[float]:
+    """The trainer's raw logprob of each of `tokens` after the first."""
+    import torch
+
+    with torch.no_grad():
+        logits = client.model(input_ids=torch.tensor([tokens])).logits[0, :-1].float()
+        picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens[1:]).unsqueeze(1)).squeeze(1)
+    return picked.tolist()
+
+
 def free_port() -> int:
     """A port nothing listens on right now."""
     with socket.socket() as sock:

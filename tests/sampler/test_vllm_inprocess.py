@@ -10,7 +10,6 @@ Marked `vllm`: skipped where the venv is not built (failed in CI).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import subprocess
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from remote_helpers import KEY, ServeSubprocess
+from remote_helpers import KEY, ServeSubprocess, recorded_calls
 from vllm_helpers import REPO, kill_session, session_processes, vllm_env, vllm_python, wait_gone
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -145,7 +144,7 @@ def test_serve_with_the_vllm_sampler_end_to_end(stop_signal: int, tiny_model_dir
             extra_body={"return_token_ids": True},
         )
         assert len(reply.choices) == 4, "a GRPO group of 4 comes back whole"
-        calls = _calls(tmp_path / "store.sqlite", rollout)
+        calls = recorded_calls(tmp_path / "store.sqlite", rollout)
         assert sorted(c.choice_index for c in calls) == [0, 1, 2, 3]
         by_index = {c.choice_index: c for c in calls}
         for choice in reply.choices:
@@ -164,16 +163,6 @@ def test_serve_with_the_vllm_sampler_end_to_end(stop_signal: int, tiny_model_dir
         left = wait_gone(server.process.pid, timeout=30)
         kill_session(server.process.pid)
     assert left == [], f"{signal.Signals(stop_signal).name} left engine processes {left}"
-
-
-def _calls(store: Path, rollout: str) -> list:
-    from agl_bridge.store.export import open_existing_store
-
-    async def read() -> list:
-        async with open_existing_store(store) as opened:
-            return [c async for c in opened.iter_llm_calls(rollout)]
-
-    return asyncio.run(read())
 
 
 def test_the_hello_demo_trains_on_vllm_and_leaves_no_engine_process(tmp_path: Path) -> None:

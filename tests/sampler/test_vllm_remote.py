@@ -8,7 +8,6 @@ Marked `vllm`: skipped where `scripts/vllm_env.sh` has not built the venv (faile
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from pathlib import Path
@@ -16,8 +15,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import torch
-from remote_helpers import KEY, serving
+from remote_helpers import KEY, perturb_lora, recorded_calls, serving, trainer_logprobs
 from vllm_helpers import VLLM_KEY, vllm_python, vllm_server
 
 from agl_bridge.sampler.affinity import sampling_affinity
@@ -65,16 +63,6 @@ def _direct(url: str, body: dict) -> dict:
     )
     assert response.status_code == 200, response.text
     return response.json()
-
-
-def _calls(store: Path, rollout: str) -> list:
-    from agl_bridge.store.export import open_existing_store
-
-    async def read() -> list:
-        async with open_existing_store(store) as opened:
-            return [c async for c in opened.iter_llm_calls(rollout)]
-
-    return asyncio.run(read())
 
 
 def _client(front, rollout: str) -> openai.OpenAI:
@@ -126,7 +114,7 @@ def test_chat_through_our_proxy_records_vllms_exact_ids(front, vllm, tiny_tokeni
     )
     prompt_ids = first.model_extra["prompt_token_ids"]
     assert len(first.choices) == 3
-    calls = sorted(_calls(front.store, rollout), key=lambda c: c.choice_index)
+    calls = sorted(recorded_calls(front.store, rollout), key=lambda c: c.choice_index)
     assert [c.choice_index for c in calls] == [0, 1, 2]
     for choice, call in zip(first.choices, calls, strict=True):
         assert call.prompt_token_ids == prompt_ids and call.response_token_ids == choice.model_extra["token_ids"]
@@ -168,7 +156,7 @@ def test_chat_through_our_proxy_records_vllms_exact_ids(front, vllm, tiny_tokeni
         model="tiny", messages=[{"role": "user", "content": "Stream it."}], max_tokens=10, stream=True
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
-    (streamed,) = _calls(front.store, stream_rollout)
+    (streamed,) = recorded_calls(front.store, stream_rollout)
     assert len(streamed.response_token_ids) > 0 and text == streamed.response_text
 
 
@@ -182,21 +170,6 @@ def test_a_prompt_longer_than_max_model_len_is_the_context_length_error_agents_k
     assert error["code"] == "context_length_exceeded" and str(MAX_MODEL_LEN) in error["message"], error
 
 
-def _perturb(client, seed: int) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in client.model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-
-
-def _trainer_logprobs(client, tokens: list[int]) -> list[float]:
-    with torch.no_grad():
-        logits = client.model(input_ids=torch.tensor([tokens])).logits[0, :-1].float()
-        picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens[1:]).unsqueeze(1)).squeeze(1)
-    return picked.tolist()
-
-
 def test_live_lora_sync_from_the_training_client(vllm, tiny_model_dir: Path, tmp_path: Path) -> None:
     from agl_bridge.train.client import TrainingClient
 
@@ -207,7 +180,7 @@ def test_live_lora_sync_from_the_training_client(vllm, tiny_model_dir: Path, tmp
         base = remote.sample(PROMPT, greedy).sequences[0]
         gaps, sync_ms = [], []
         for version in (1, 2, 3):
-            _perturb(client, version)
+            perturb_lora(client, version)
             started = time.perf_counter()
             client.save_weights_and_get_sampling_client()
             sync_ms.append((time.perf_counter() - started) * 1000)
@@ -215,7 +188,7 @@ def test_live_lora_sync_from_the_training_client(vllm, tiny_model_dir: Path, tmp
             sampled = remote.sample(PROMPT, greedy).sequences[0]
             assert sampled.token_policy_versions == [version] * 16
             assert sampled.logprobs != base.logprobs, "vLLM samples with the new adapter"
-            trainer = _trainer_logprobs(client, PROMPT + sampled.tokens)[len(PROMPT) - 1 :]
+            trainer = trainer_logprobs(client, PROMPT + sampled.tokens)[len(PROMPT) - 1 :]
             gaps.extend(abs(a - b) for a, b in zip(sampled.logprobs, trainer, strict=True))
         print(f"vLLM LoRA sync (save + load + unload), ms: {[round(t, 1) for t in sync_ms]}; max gap {max(gaps):.2e}")
         assert max(gaps) <= 1e-4, f"sampler/trainer logprob gap in float32: {max(gaps):.2e}"
