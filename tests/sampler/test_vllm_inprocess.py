@@ -77,6 +77,10 @@ def test_the_sampler_on_vllms_cpu_build(tiny_model_dir: Path, tmp_path: Path) ->
         prompt = [5, 17, 300, 42]
         result = sampler.sample(prompt, SamplingParams(max_tokens=8, seed=3, stop=[]), num_samples=4)
         out["n"] = [len(s.tokens) for s in result.sequences]
+        # Sequences that end at different steps: vLLM's last streamed output then held only some of them.
+        stops = list(range(0, 2048, 3))
+        varied = sampler.sample(prompt, SamplingParams(max_tokens=12, seed=3, stop=stops), num_samples=4)
+        out["varied"] = [[len(s.tokens), s.tokens[-1] in stops or len(s.tokens) == 12] for s in varied.sequences]
         out["distinct"] = len({{tuple(s.tokens) for s in result.sequences}})
         out["score_gap"] = max(
             abs(a - b)
@@ -114,6 +118,7 @@ def test_the_sampler_on_vllms_cpu_build(tiny_model_dir: Path, tmp_path: Path) ->
     assert out["max_context"] == 256
     # Regression: streamed outputs of an n>1 request each held part of it; all 4 sequences come back.
     assert out["n"] == [8, 8, 8, 8] and out["distinct"] > 1
+    assert len(out["varied"]) == 4 and all(ended for _, ended in out["varied"]), out["varied"]
     assert out["to_the_window"] == 256 - 4
     assert out["score_gap"] <= 1e-4 and out["trainer_gap"] <= 1e-4, out
     assert out["versions"] == [[1], [2]] and out["adapter_folders"] == ["tiny-v2"], "older adapters removed"
