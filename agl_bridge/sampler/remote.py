@@ -255,10 +255,12 @@ class RemoteSampler:
         return new_version
 
     async def _unload_all(self) -> None:
+        """Unload every adapter we loaded; the last one's folder stays (the run's newest weights)."""
         with self._lock:
+            last = self._active[0]
             self._active = (self.model, self._active[1])  # nothing of ours stays active
         for name in list(self._adapter_paths):
-            await self._retire(name)
+            await self._retire(name, keep_folder=name == last)
 
     def status(self) -> list[dict[str, object]]:
         """Each server's URL, whether it is in rotation, its last error, requests in flight."""
@@ -452,8 +454,8 @@ class RemoteSampler:
                 )
         server.loaded.add(name)
 
-    async def _retire(self, name: str) -> None:
-        """Unload `name` everywhere once no request uses it; delete its folder if we wrote it."""
+    async def _retire(self, name: str, *, keep_folder: bool = False) -> None:
+        """Unload `name` everywhere once no request uses it; delete its folder if we wrote it (unless keep_folder)."""
         with self._lock:
             if name == self._active[0]:
                 self._retiring.discard(name)
@@ -482,7 +484,9 @@ class RemoteSampler:
                     response.text[:200],
                 )
         path = self._adapter_paths.pop(name, None)
-        if path is not None and self.adapter_dir is not None and Path(path).parent == self.adapter_dir.resolve():
+        if keep_folder or path is None:
+            return
+        if self.adapter_dir is not None and Path(path).parent == self.adapter_dir.resolve():
             shutil.rmtree(path, ignore_errors=True)
 
     def _client(self) -> aiohttp.ClientSession:
