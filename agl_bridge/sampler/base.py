@@ -91,6 +91,15 @@ class SamplingParams:
             if not text:
                 raise SamplingParamError("stop", "stop strings must be non-empty")
 
+    def token_budget(self, prompt_length: int, context_window: int) -> int:
+        """Most new tokens to sample after a prompt: `max_tokens`, never past the context window.
+
+        None means up to the window. Samplers that take a number (vLLM) are sent this; ours stops
+        at the window with "length" the same way.
+        """
+        room = context_window - prompt_length
+        return room if self.max_tokens is None else min(self.max_tokens, room)
+
     @property
     def stop_strings(self) -> tuple[str, ...]:
         """The stop entries that are strings."""

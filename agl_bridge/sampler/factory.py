@@ -1,5 +1,5 @@
 """Building the sampler a command or a run asks for: `hf` (in-process transformers), `remote`
-(vLLM-protocol servers over HTTP) or `vllm` (an in-process vLLM engine, GPU only).
+(vLLM-protocol servers over HTTP) or `vllm` (an in-process vLLM engine: CUDA GPU or vLLM's CPU build).
 
 `SamplerSpec` is the one description of the sampler settings: each field carries its default, its
 help text, its `agl-bridge serve` flag and its run-config key (`SamplerSetting`), and `validate` is
@@ -20,6 +20,7 @@ from agl_bridge import semconv
 
 SamplerKind = Literal["hf", "remote", "vllm"]
 SAMPLER_KINDS: tuple[str, ...] = ("hf", "remote", "vllm")
+VLLM_DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class SamplerSpec:
         key="sampler",
         metavar="hf|remote|vllm",
         help="hf: transformers in this process; remote: vLLM-protocol servers (--sampler-url); vllm: an in-process "
-        "vLLM engine (GPU).",
+        "vLLM engine (CUDA GPU, or vLLM's CPU build).",
     )
     urls: list[str] = _described(
         [],
@@ -117,6 +118,42 @@ class SamplerSpec:
         help="Most sequences the sampler decodes together (hf) / most samples per request.",
     )
     seed: int | None = _described(None, help="Sampling seed of requests that set none (a training run: its seed).")
+    # The in-process vLLM engine's settings (sampler `vllm` only: a remote vLLM server takes the same ones as
+    # its own flags); None means vLLM's default as chosen in sampler/vllm.py.
+    dtype: str | None = _described(
+        None,
+        flag="--dtype",
+        key="sampler_dtype",
+        metavar="|".join(("auto", "float32", "bfloat16", "float16")),
+        help="vllm sampler: weights' dtype (default float32 on CPU, so logprobs match the trainer's; auto on a GPU).",
+    )
+    max_model_len: int | None = _described(
+        None,
+        flag="--max-model-len",
+        key="sampler_max_model_len",
+        metavar="N",
+        help="vllm sampler: context window (default: the model's).",
+    )
+    max_lora_rank: int | None = _described(
+        None,
+        flag="--max-lora-rank",
+        key="sampler_max_lora_rank",
+        metavar="R",
+        help="vllm sampler: largest adapter rank it loads (default 64, at least the trainer's lora_rank).",
+    )
+    max_loras: int | None = _described(
+        None,
+        flag="--max-loras",
+        key="sampler_max_loras",
+        metavar="N",
+        help="vllm sampler: adapters held at once (default 2: the old and the new overlap during a sync).",
+    )
+    enforce_eager: bool = _described(
+        False,
+        flag="--enforce-eager",
+        key="sampler_enforce_eager",
+        help="vllm sampler: no CUDA graphs or compilation (faster start, slower steps).",
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.urls, (str, list)):  # anything else is refused by validate(), naming the setting
@@ -160,6 +197,28 @@ class SamplerSpec:
             raise SamplerSpecError("timeout_s", f"must be a number of seconds > 0, got {self.timeout_s!r}")
         if not isinstance(self.max_batch_size, int) or isinstance(self.max_batch_size, bool) or self.max_batch_size < 1:
             raise SamplerSpecError("max_batch_size", f"must be an integer >= 1, got {self.max_batch_size!r}")
+        self._validate_engine_settings()
+
+    def _validate_engine_settings(self) -> None:
+        if self.dtype is not None and self.dtype not in VLLM_DTYPES:
+            raise SamplerSpecError("dtype", f"must be one of {', '.join(VLLM_DTYPES)}, got {self.dtype!r}")
+        for name, value, least in (
+            ("max_model_len", self.max_model_len, 2),
+            ("max_lora_rank", self.max_lora_rank, 1),
+            ("max_loras", self.max_loras, 1),
+        ):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+                raise SamplerSpecError(name, f"must be an integer >= {least}, got {value!r}")
+        if not isinstance(self.enforce_eager, bool):
+            raise SamplerSpecError("enforce_eager", f"must be true or false, got {self.enforce_eager!r}")
+        engine = ("dtype", "max_model_len", "max_lora_rank", "max_loras", "enforce_eager")
+        changed = [name for name in engine if getattr(self, name) not in (None, False)]
+        if changed and self.kind != "vllm":
+            where = "set them on the vLLM servers (vllm serve flags)" if self.kind == "remote" else "they do not apply"
+            raise SamplerSpecError(
+                changed[0],
+                f"is a setting of the in-process vLLM engine (sampler 'vllm'); with sampler {self.kind!r} {where}",
+            )
 
 
 def split_urls(values: list[str] | str | None) -> list[str]:
@@ -187,6 +246,11 @@ def build_sampler(spec: SamplerSpec, model_path: str, tokenizer: Any, *, served_
             max_batch_size=spec.max_batch_size,
             adapter_dir=spec.adapter_dir,
             seed=spec.seed,
+            dtype=spec.dtype,
+            max_model_len=spec.max_model_len,
+            max_lora_rank=spec.max_lora_rank or 64,
+            max_loras=spec.max_loras or 2,
+            enforce_eager=spec.enforce_eager,
         )
     from agl_bridge.sampler.remote import RemoteSampler
 

@@ -30,7 +30,7 @@ import re
 import shutil
 import threading
 import weakref
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -54,6 +54,7 @@ from agl_bridge.sampler.remote_protocol import (
     parse_completion,
     parse_prompt_logprobs,
     scoring_body,
+    served_context_window,
 )
 
 __all__ = ["RemoteContextLengthError", "RemoteRequestError", "RemoteSampler", "RemoteSamplerError"]
@@ -71,7 +72,9 @@ class RemoteSampler:
     urls: the servers' base URLs (`http://host:port`, with or without `/v1`).
     model: the name the servers serve the base model under (vLLM's `--served-model-name`).
     api_key: sent as `Authorization: Bearer` (vLLM's `--api-key`, agl-bridge serve's `--api-key`).
-    vocab_size / max_context: checked locally before a request goes out (None: the servers check).
+    vocab_size: prompt ids are checked against it before a request goes out (None: the servers check).
+    max_context: the context window assumed for a server whose `/v1/models` does not give its
+      `max_model_len` (vLLM's does: each server's own is used, and `max_context` is their smallest).
     max_batch_size: most samples one request may ask for (the proxy's limit on `n`).
     timeout_s: longest wait for one answer; a server slower than that counts as failed.
     cooldown_s: how long a failed server stays out of rotation.
@@ -120,6 +123,10 @@ class RemoteSampler:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
             weakref.WeakKeyDictionary()
         )
+        # Per caller loop: a task that closes that loop's session when cancelled (see `_client`).
+        self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._loop_thread = LoopThread("agl-remote-sampler")
         self._lock = threading.Lock()
         self._active = (model, 0)  # (adapter name requests use, its policy version)
@@ -142,8 +149,13 @@ class RemoteSampler:
 
     @property
     def max_context(self) -> int:
-        """Most tokens (prompt + sampled) a sequence may have, as configured for these servers."""
-        return self._max_context
+        """Most tokens (prompt + sampled) a sequence may have: the smallest `max_model_len` the servers report.
+
+        Until a server has been asked (on its first request) or where it reports none, the
+        configured `max_context` stands in for it.
+        """
+        windows = [s.max_model_len or self._max_context for s in self.pool.servers]
+        return min(windows)
 
     @property
     def vocab_size(self) -> int | None:
@@ -160,11 +172,11 @@ class RemoteSampler:
         """Sample on the rollout's server (or the next healthy one); RemoteSamplerError if none can."""
         prompt = self._check(prompt_tokens, params, num_samples)
         name, version = self._begin()
-        body = completion_body(name, prompt, params, num_samples)
         try:
             return await self._call(
                 "sampling",
-                body,
+                name,
+                lambda window: completion_body(name, prompt, params, num_samples, window),
                 lambda url, answer: parse_completion(url, answer, prompt, num_samples, version),
                 len(prompt),
             )
@@ -180,13 +192,14 @@ class RemoteSampler:
         ids = [int(t) for t in token_ids]
         if len(ids) <= 1:
             return [None] * len(ids)
-        if len(ids) >= self._max_context:
-            raise ContextLengthError(len(ids), self._max_context)
+        if len(ids) >= self.max_context:
+            raise ContextLengthError(len(ids), self.max_context)
         name, _ = self._begin()
         try:
             return await self._call(
                 "scoring",
-                scoring_body(name, ids),
+                name,
+                lambda window: scoring_body(name, ids),
                 lambda url, answer: parse_prompt_logprobs(url, answer, ids),
                 len(ids),
             )
@@ -241,6 +254,14 @@ class RemoteSampler:
             await self._retire(old)
         return new_version
 
+    async def _unload_all(self) -> None:
+        """Unload every adapter we loaded; the last one's folder stays (the run's newest weights)."""
+        with self._lock:
+            last = self._active[0]
+            self._active = (self.model, self._active[1])  # nothing of ours stays active
+        for name in list(self._adapter_paths):
+            await self._retire(name, keep_folder=name == last)
+
     def status(self) -> list[dict[str, object]]:
         """Each server's URL, whether it is in rotation, its last error, requests in flight."""
         return self.pool.status()
@@ -248,16 +269,23 @@ class RemoteSampler:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Close the HTTP clients and the private loop."""
+        """Unload the adapters this sampler loaded (the servers keep no slot for a finished run), close the
+        HTTP clients and the private loop."""
         if self._closed:
             return
+        if self._adapter_paths and not self._loop_thread.is_current():
+            try:
+                self._loop_thread.run(asyncio.wait_for(self._unload_all(), timeout=30))
+            except (TimeoutError, RemoteSamplerError) as error:
+                logger.warning("could not unload every adapter at close: %s", error)
         self._closed = True
         private = self._loop_thread.started_loop
         own = self._clients.pop(private, None) if private is not None else None
-        for loop, client in list(self._clients.items()):
+        for loop, closer in list(self._closers.items()):
             if loop.is_running() and not loop.is_closed():
-                asyncio.run_coroutine_threadsafe(client.close(), loop)
+                loop.call_soon_threadsafe(closer.cancel)
         self._clients.clear()
+        self._closers.clear()
         self._loop_thread.close(own.close() if own is not None else None)
 
     def __enter__(self) -> RemoteSampler:
@@ -282,8 +310,8 @@ class RemoteSampler:
         if self._vocab_size is not None and any(t < 0 or t >= self._vocab_size for t in prompt):
             bad = next(t for t in prompt if t < 0 or t >= self._vocab_size)
             raise ValueError(f"prompt token id {bad} is outside the vocabulary 0..{self._vocab_size - 1}")
-        if len(prompt) >= self._max_context:
-            raise ContextLengthError(len(prompt), self._max_context)
+        if len(prompt) >= self.max_context:
+            raise ContextLengthError(len(prompt), self.max_context)
         return prompt
 
     def _begin(self) -> tuple[str, int]:
@@ -303,14 +331,23 @@ class RemoteSampler:
             # The last request that used an old adapter is done: unload it off this request's path.
             self._loop_thread.submit(self._retire(name))
 
-    async def _call(self, what: str, body: dict[str, Any], parse: Any, prompt_length: int) -> Any:
+    async def _call(
+        self,
+        what: str,
+        name: str,
+        make_body: Callable[[int], dict[str, Any]],
+        parse: Callable[[str, Any], T],
+        prompt_length: int,
+    ) -> T:
+        """Send the body `make_body(server's context window)` to the best server that answers; parse its answer."""
         client = self._client()
         failures: list[tuple[str, str]] = []
         for server in self.pool.order(current_affinity()):
             self.pool.started(server)
             try:
-                result = await self._call_server(client, server, body, parse, prompt_length)
+                result = await self._call_server(client, server, name, make_body, parse, prompt_length)
             except ServerFailure as failure:
+                server.max_model_len = None  # it may come back restarted with other settings: ask again
                 self.pool.mark_down(server, failure.reason)
                 failures.append((server.url, failure.reason))
                 logger.warning("sampler server %s failed and is out of rotation: %s", server.url, failure.reason)
@@ -322,11 +359,25 @@ class RemoteSampler:
         raise RemoteSamplerError.from_failures(what, failures)
 
     async def _call_server(
-        self, client: aiohttp.ClientSession, server: ServerState, body: dict[str, Any], parse: Any, prompt_length: int
-    ) -> Any:
-        name = body["model"]
+        self,
+        client: aiohttp.ClientSession,
+        server: ServerState,
+        name: str,
+        make_body: Callable[[int], dict[str, Any]],
+        parse: Callable[[str, Any], T],
+        prompt_length: int,
+    ) -> T:
+        window = await self._context_window(client, server)
+        if prompt_length >= window:
+            raise RemoteContextLengthError(
+                server.url,
+                prompt_length,
+                window,
+                f"its context window (max_model_len) is {window} tokens; shorten the prompt to at most {window - 1}",
+            )
         if name != self.model and name not in server.loaded:
             await self._load_on(server, name, self._adapter_paths[name])
+        body = make_body(window)
         response = await self._post(client, server, "/v1/completions", body)
         if response.status == 404 and name != self.model:
             # The server lost the adapter (restarted?): load it again and retry there once.
@@ -349,16 +400,28 @@ class RemoteSampler:
         if status >= 500 or status in (404, 408, 429):
             raise ServerFailure(server.url, f"HTTP {status}: {message}")
         if code == "context_length_exceeded" or _CONTEXT_WORDS.search(message):
-            raise RemoteContextLengthError(server.url, prompt_length, self._max_context, message)
+            window = server.max_model_len or self._max_context
+            server.max_model_len = None  # its settings may have changed since we asked: ask again next time
+            raise RemoteContextLengthError(server.url, prompt_length, window, message)
         raise RemoteRequestError(server.url, status, message, param)
+
+    async def _context_window(self, client: aiohttp.ClientSession, server: ServerState) -> int:
+        """The server's `max_model_len` from its `/v1/models` (asked once), else the configured max_context."""
+        if server.max_model_len is None:
+            answer = await self._request(client, server, "GET", "/v1/models")
+            server.max_model_len = served_context_window(answer.json(), self.model) if answer.status < 400 else 0
+        return server.max_model_len or self._max_context
 
     async def _post(
         self, client: aiohttp.ClientSession, server: ServerState, path: str, body: dict[str, Any]
     ) -> _Answer:
+        return await self._request(client, server, "POST", path, json.dumps(body, separators=(",", ":")).encode())
+
+    async def _request(
+        self, client: aiohttp.ClientSession, server: ServerState, method: str, path: str, data: bytes | None = None
+    ) -> _Answer:
         try:
-            async with client.post(
-                f"{server.url}{path}", data=json.dumps(body, separators=(",", ":")).encode()
-            ) as response:
+            async with client.request(method, f"{server.url}{path}", data=data) as response:
                 return _Answer(response.status, await response.read())
         except TimeoutError as error:  # aiohttp's timeouts are asyncio.TimeoutError subclasses
             raise ServerFailure(
@@ -373,10 +436,16 @@ class RemoteSampler:
             self._client(), server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}
         )
         if response.status >= 400:
-            message, _, _ = error_message(response.json(), response.text[:300] or f"HTTP {response.status}")
+            raw = response.text[:300] or f"HTTP {response.status}"
+            message, _, _ = error_message(response.json(), raw)
             if not _ALREADY_LOADED.search(message):
+                # A 404 without an error body of vLLM's own: the route is not there (no LoRA on that server).
+                # vLLM's own 404 ("No adapter found for ...") means the server cannot read the folder.
                 hint = (
-                    " (start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+                    " (start vLLM with --enable-lora --max-lora-rank R --max-loras 2 and the environment "
+                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+                    if response.status == 404 and message == raw
+                    else " (the folder must be readable by the server at this same path)"
                     if response.status == 404
                     else ""
                 )
@@ -385,8 +454,8 @@ class RemoteSampler:
                 )
         server.loaded.add(name)
 
-    async def _retire(self, name: str) -> None:
-        """Unload `name` everywhere once no request uses it; delete its folder if we wrote it."""
+    async def _retire(self, name: str, *, keep_folder: bool = False) -> None:
+        """Unload `name` everywhere once no request uses it; delete its folder if we wrote it (unless keep_folder)."""
         with self._lock:
             if name == self._active[0]:
                 self._retiring.discard(name)
@@ -415,7 +484,9 @@ class RemoteSampler:
                     response.text[:200],
                 )
         path = self._adapter_paths.pop(name, None)
-        if path is not None and self.adapter_dir is not None and Path(path).parent == self.adapter_dir.resolve():
+        if keep_folder or path is None:
+            return
+        if self.adapter_dir is not None and Path(path).parent == self.adapter_dir.resolve():
             shutil.rmtree(path, ignore_errors=True)
 
     def _client(self) -> aiohttp.ClientSession:
@@ -427,6 +498,10 @@ class RemoteSampler:
             connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=60)
             client = aiohttp.ClientSession(connector=connector, timeout=self._timeout, headers=self._headers)
             self._clients[loop] = client
+            if not self._loop_thread.is_current():
+                # A caller's loop (the proxy's) may end before `close()`: asyncio.run cancels the tasks
+                # left when its main coroutine returns, and this one then closes the session on its loop.
+                self._closers[loop] = loop.create_task(_close_when_cancelled(client))
         return client
 
     def _run_sync(self, coroutine: Coroutine[Any, Any, T]) -> T:
@@ -454,6 +529,13 @@ class _Answer:
     def text(self) -> str:
         """The body as text (undecodable bytes replaced)."""
         return self.content.decode("utf-8", errors="replace")
+
+
+async def _close_when_cancelled(client: aiohttp.ClientSession) -> None:
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await client.close()
 
 
 def _timeout_text(timeout: aiohttp.ClientTimeout) -> str:

@@ -21,13 +21,18 @@ from urllib.parse import urlsplit
 
 @dataclass
 class ServerState:
-    """One server: its base URL (no `/v1`), health and the adapters it has loaded."""
+    """One server: its base URL (no `/v1`), health, the adapters it has loaded and its context window.
+
+    max_model_len: the server's context window as its `/v1/models` says (vLLM's `max_model_len`);
+    None until asked, 0 when the server does not say.
+    """
 
     url: str
     down_until: float = 0.0
     last_error: str | None = None
     in_flight: int = 0
     loaded: set[str] = field(default_factory=set)
+    max_model_len: int | None = None
 
     def is_down(self, now: float) -> bool:
         """Whether the server is out of rotation at `now` (monotonic seconds)."""

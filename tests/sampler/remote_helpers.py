@@ -30,15 +30,22 @@ _SERVING = re.compile(r"serving '[^']+' \(.*\) at (?P<url>http://127\.0\.0\.1:\d
 
 
 class ServeSubprocess:
-    """`agl-bridge serve --port 0 --api-key KEY ...extra` in a subprocess; `url` once it serves."""
+    """`agl-bridge serve --port 0 --api-key KEY ...extra` in a subprocess; `url` once it serves.
 
-    def __init__(self, model_dir: Path, store: Path, *extra: str) -> None:
+    python/env: run it as `python -m agl_bridge.cli` of another venv, in a session of its own (the
+    vLLM tests: `process.pid` is then the session id of everything it starts).
+    """
+
+    def __init__(
+        self, model_dir: Path, store: Path, *extra: str, python: Path | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.store = store
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
+        command = [AGL_BRIDGE] if python is None else [str(python), "-m", "agl_bridge.cli"]
         self.process = subprocess.Popen(
             [
-                AGL_BRIDGE,
+                *command,
                 "serve",
                 "--model",
                 str(model_dir),
@@ -53,8 +60,9 @@ class ServeSubprocess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env=child_env(),
+            env=child_env() if env is None else env,
             cwd=store.parent,
+            start_new_session=python is not None,
         )
         assert self.process.stderr is not None
         threading.Thread(target=lambda: [self.lines.put(line) for line in self.process.stderr], daemon=True).start()
@@ -64,7 +72,7 @@ class ServeSubprocess:
     def url(self) -> str:
         """`http://127.0.0.1:PORT` of the server, waiting for it to start."""
         if self._url is None:
-            deadline = time.monotonic() + 180
+            deadline = time.monotonic() + 300
             while self._url is None and time.monotonic() < deadline:
                 try:
                     line = self.lines.get(timeout=0.5)
@@ -101,6 +109,38 @@ def serving(model_dir: Path, store: Path, *extra: str) -> Iterator[ServeSubproce
         server.stop()
 
 
+def recorded_calls(store: Path, rollout: str) -> list:
+    """The LLM calls a store holds for `rollout`."""
+    from agl_bridge.store.export import open_existing_store
+
+    async def read() -> list:
+        async with open_existing_store(store) as opened:
+            return [c async for c in opened.iter_llm_calls(rollout)]
+
+    return asyncio.run(read())
+
+
+def perturb_lora(client: Any, seed: int) -> None:
+    """Give a TrainingClient's LoRA B matrices random values, so its adapter changes the model."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in client.model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+
+
+def trainer_logprobs(client: Any, tokens: list[int]) -> list[float]:
+    """The trainer's raw logprob of each of `tokens` after the first."""
+    import torch
+
+    with torch.no_grad():
+        logits = client.model(input_ids=torch.tensor([tokens])).logits[0, :-1].float()
+        picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens[1:]).unsqueeze(1)).squeeze(1)
+    return picked.tolist()
+
+
 @dataclass
 class FakeServer:
     """A vLLM-protocol server in a thread: `mode` is ok | no_ids | slow | error | relay.
@@ -108,13 +148,16 @@ class FakeServer:
     ok: answers every prompt with `reply` (its last prompt id, then 1, 2, ...) and logprob -0.25 each.
     no_ids: the same answer without token_ids / prompt_token_ids (an old vLLM). slow: sleeps
     `delay_s` first. error: HTTP 500. relay: forwards the body to `relay_to` with `relay_key`.
-    `requests` logs every body it got.
+    `GET /v1/models` lists `model` with `max_model_len` as vLLM does (without it when None), in every
+    mode. `requests` logs every other body it got, `headers` their headers.
     """
 
     mode: str = "ok"
     delay_s: float = 2.0
     relay_to: str | None = None
     relay_key: str | None = None
+    model: str = "m"
+    max_model_len: int | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     port: int = 0
@@ -159,8 +202,9 @@ class FakeServer:
             if not message.get("more_body"):
                 break
         request = json.loads(body or b"{}")
-        self.requests.append({"path": scope["path"], **request})
-        self.headers.append({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
+        if scope["path"] != "/v1/models":  # the sampler asks it once per server: not a request the tests count
+            self.requests.append({"path": scope["path"], **request})
+            self.headers.append({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
         status, answer = await self._answer(scope["path"], request)
         payload = json.dumps(answer).encode()
         await send(
@@ -169,6 +213,11 @@ class FakeServer:
         await send({"type": "http.response.body", "body": payload})
 
     async def _answer(self, path: str, request: dict[str, Any]) -> tuple[int, Any]:
+        if path == "/v1/models":
+            entry: dict[str, Any] = {"id": self.model, "object": "model", "parent": None}
+            if self.max_model_len is not None:
+                entry["max_model_len"] = self.max_model_len
+            return 200, {"object": "list", "data": [entry]}
         if self.mode == "relay":
             async with httpx.AsyncClient(timeout=60) as client:
                 response = await client.post(

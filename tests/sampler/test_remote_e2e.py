@@ -8,14 +8,13 @@ token ids the call fails (503 naming the server) and nothing is recorded.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from remote_helpers import KEY, FakeServer, serving
+from remote_helpers import KEY, FakeServer, recorded_calls, serving
 
 from agl_bridge import semconv
 
@@ -45,16 +44,6 @@ def front(relays, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
         "20",
     ) as server:
         yield server
-
-
-def _calls(store: Path, rollout: str) -> list:
-    from agl_bridge.store.export import open_existing_store
-
-    async def read() -> list:
-        async with open_existing_store(store) as opened:
-            return [c async for c in opened.iter_llm_calls(rollout)]
-
-    return asyncio.run(read())
 
 
 def _client(front, rollout: str) -> openai.OpenAI:
@@ -92,7 +81,7 @@ def test_chat_through_the_front_gets_and_records_the_second_servers_exact_ids(fr
         json={k: v for k, v in sent[0].items() if k != "path"},
     ).json()["choices"][0]
     assert token_ids == direct["token_ids"]
-    (call,) = _calls(front.store, rollout)
+    (call,) = recorded_calls(front.store, rollout)
     assert call.prompt_token_ids == prompt_ids and call.response_token_ids == token_ids
     assert list(call.response_logprobs) == direct["logprobs"]["token_logprobs"]
 
@@ -136,4 +125,4 @@ def test_a_server_answering_without_ids_fails_the_call_and_records_nothing(front
     # LiteLLM masks IP addresses in errors it hands to clients; the ports still tell the servers apart
     # (the front's log and its /v1/completions errors carry the full URLs).
     assert "token_ids" in message and all(f":{relay.port}" in message for relay in relays)
-    assert _calls(front.store, rollout) == []
+    assert recorded_calls(front.store, rollout) == []

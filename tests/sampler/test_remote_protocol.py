@@ -9,7 +9,12 @@ import pytest
 from agl_bridge.sampler.base import SamplingParams
 from agl_bridge.sampler.remote_errors import ServerFailure
 from agl_bridge.sampler.remote_pool import ServerPool
-from agl_bridge.sampler.remote_protocol import completion_body, parse_completion, parse_prompt_logprobs
+from agl_bridge.sampler.remote_protocol import (
+    completion_body,
+    parse_completion,
+    parse_prompt_logprobs,
+    served_context_window,
+)
 
 URL = "http://gpu-1:8000"
 
@@ -27,15 +32,36 @@ def _answer(**choice: object) -> dict:
 
 
 def test_the_body_maps_our_stop_semantics_onto_vllms() -> None:
-    default = completion_body("m-v3", [1, 2], SamplingParams(max_tokens=5, seed=4), 2)
+    default = completion_body("m-v3", [1, 2], SamplingParams(max_tokens=5, seed=4), 2, context_window=64)
     assert default["model"] == "m-v3" and default["prompt"] == [1, 2] and default["n"] == 2 and default["seed"] == 4
     assert default["return_token_ids"] is True and default["logprobs"] == 0 and default["top_k"] == -1
     assert "stop" not in default and "ignore_eos" not in default, "stop=None: the server's end-of-sequence ids"
-    explicit = completion_body("m", [1], SamplingParams(stop=[9, "END"], top_k=5), 1)
+    explicit = completion_body("m", [1], SamplingParams(stop=[9, "END"], top_k=5), 1, context_window=64)
     assert explicit["ignore_eos"] is True and explicit["stop_token_ids"] == [9] and explicit["stop"] == ["END"]
     assert explicit["top_k"] == 5
-    never = completion_body("m", [1], SamplingParams(stop=[], max_tokens=None), 1)
-    assert never["ignore_eos"] is True and never["stop_token_ids"] == [] and never["max_tokens"] is None
+    never = completion_body("m", [1], SamplingParams(stop=[], max_tokens=5), 1, context_window=64)
+    assert never["ignore_eos"] is True and never["stop_token_ids"] == [] and never["max_tokens"] == 5
+
+
+def test_max_tokens_none_asks_for_the_rest_of_the_context_window_never_null() -> None:
+    # Regression: `max_tokens: null` made vLLM sample its default of 16 tokens, not "to the context window".
+    body = completion_body("m", [1, 2, 3], SamplingParams(max_tokens=None), 1, context_window=64)
+    assert body["max_tokens"] == 61
+    capped = completion_body("m", [1, 2, 3], SamplingParams(max_tokens=500), 1, context_window=64)
+    assert capped["max_tokens"] == 61, "never past the window: our own sampler stops there with 'length'"
+
+
+def test_the_context_window_is_read_from_the_servers_model_list() -> None:
+    vllm_list = {
+        "data": [
+            {"id": "qwen", "parent": None, "max_model_len": 8192},
+            {"id": "qwen-v3", "parent": "qwen", "max_model_len": 8192},
+        ]
+    }
+    assert served_context_window(vllm_list, "qwen") == 8192
+    assert served_context_window({"data": [{"id": "base", "parent": None, "max_model_len": 512}]}, "other") == 512
+    assert served_context_window({"data": [{"id": "tiny", "object": "model"}]}, "tiny") == 0, "LiteLLM's list"
+    assert served_context_window("not json", "tiny") == 0
 
 
 def test_an_answer_is_taken_as_it_is() -> None:

@@ -16,7 +16,7 @@ from remote_helpers import KEY, FakeServer
 from shared_helpers import free_port
 
 from agl_bridge.sampler.affinity import sampling_affinity
-from agl_bridge.sampler.base import SamplingParams
+from agl_bridge.sampler.base import ContextLengthError, SamplingParams
 from agl_bridge.sampler.remote import RemoteSampler, RemoteSamplerError
 
 PROMPT = [5, 17, 300, 42, 7, 99]
@@ -105,8 +105,6 @@ async def test_async_sampling_from_an_event_loop(remote: RemoteSampler) -> None:
 
 @pytest.mark.slow
 def test_a_request_the_server_refuses_is_an_error_naming_the_server(remote: RemoteSampler, remote_target) -> None:
-    from agl_bridge.sampler.base import ContextLengthError
-
     small = RemoteSampler([remote_target.url], model="tiny", api_key=KEY, max_context=100_000)
     try:
         with pytest.raises(ContextLengthError, match=remote_target.url):
@@ -158,7 +156,7 @@ def test_every_server_down_is_an_error_naming_each(fakes: list[FakeServer]) -> N
         with pytest.raises(RemoteSamplerError) as caught:
             sampler.sample([1, 2], SamplingParams(max_tokens=2))
     message = str(caught.value)
-    assert all(url in message for url in dead) and "cannot reach /v1/completions" in message
+    assert all(url in message for url in dead) and "cannot reach /v1/models" in message, "asked first: its window"
 
 
 def test_a_slow_server_times_out_with_an_error_naming_it(fakes: list[FakeServer]) -> None:
@@ -177,6 +175,22 @@ def test_an_answer_without_token_ids_or_a_5xx_is_an_error_naming_the_server(fake
         with pytest.raises(RemoteSamplerError, match=missing) as caught:
             sampler.sample([1, 2], SamplingParams(max_tokens=2))
     assert fakes[0].url in str(caught.value)
+
+
+def test_the_servers_max_model_len_bounds_prompts_and_max_tokens(fakes: list[FakeServer]) -> None:
+    # Regression: the context window came from the model's config (here 4096), not from what the server
+    # serves (vLLM's --max-model-len, in its /v1/models), so prompts it refuses were sent, and
+    # max_tokens=None went out as null (vLLM's 16 tokens).
+    fakes[0].max_model_len = 64
+    with RemoteSampler([fakes[0].url], model="m", max_context=4096) as sampler:
+        assert sampler.max_context == 4096, "not asked yet"
+        sampler.sample([1, 2, 3, 4], SamplingParams(max_tokens=None))
+        assert fakes[0].requests[-1]["max_tokens"] == 60
+        assert sampler.max_context == 64
+        with pytest.raises(ContextLengthError, match="context window is 64 tokens") as caught:
+            sampler.sample([1] * 100, SamplingParams(max_tokens=4))
+        assert caught.value.max_context == 64
+    assert len(fakes[0].requests) == 1, "the prompt that does not fit was never sent"
 
 
 def test_a_bad_server_fails_over_to_a_good_one(fakes: list[FakeServer]) -> None:
@@ -222,3 +236,22 @@ def test_bad_settings_are_refused_by_name() -> None:
         assert sampler.pool.servers[0].url == "http://127.0.0.1:1"
         with pytest.raises(ValueError, match="adapter_dir"):
             sampler.adapter_path(1)
+
+
+def test_a_session_on_a_callers_loop_is_closed_when_that_loop_ends(fakes: list[FakeServer]) -> None:
+    # The proxy's loop (asyncio.run) ends before the sampler is closed: its session must not leak.
+    import gc
+    import warnings
+
+    sampler = RemoteSampler([fakes[0].url], model="m")
+
+    async def serve_a_request() -> None:
+        await sampler.sample_async([1, 2], SamplingParams(max_tokens=2))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(serve_a_request())
+        sampler.close()
+        gc.collect()
+    leaks = [str(w.message) for w in caught if "Unclosed" in str(w.message)]
+    assert leaks == []

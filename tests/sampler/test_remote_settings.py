@@ -61,3 +61,42 @@ def test_trainer_config_keys() -> None:
         config_from_dict({"sampler": "remote", "sampler_urls": ["http://a:1"], "train_unembedding": True})
     with pytest.raises(ConfigError, match="sampler_timeout_s"):
         config_from_dict({"sampler": "remote", "sampler_urls": ["http://a:1"], "sampler_timeout_s": 0})
+
+
+def test_vllm_engine_settings_are_checked_by_name() -> None:
+    config = config_from_dict(
+        {
+            "sampler": "vllm",
+            "lora_rank": 128,
+            "sampler_dtype": "float32",
+            "sampler_max_model_len": 2048,
+            "sampler_enforce_eager": True,
+        }
+    )
+    spec = config.sampler_spec()
+    assert (spec.dtype, spec.max_model_len, spec.max_lora_rank, spec.max_loras, spec.enforce_eager) == (
+        "float32",
+        2048,
+        128,
+        None,
+        True,
+    ), "max_lora_rank follows a lora_rank above 64"
+    assert config_from_dict({"sampler": "vllm"}).sampler_spec().max_lora_rank == 64
+    with pytest.raises(ConfigError, match="^sampler_dtype: .*auto, float32, bfloat16, float16"):
+        config_from_dict({"sampler": "vllm", "sampler_dtype": "fp8"})
+    with pytest.raises(ConfigError, match="^sampler_max_model_len: .*integer >= 2"):
+        config_from_dict({"sampler": "vllm", "sampler_max_model_len": 0})
+    with pytest.raises(ConfigError, match="sampler_max_lora_rank \\(16\\) must be at least lora_rank \\(32\\)"):
+        config_from_dict({"sampler": "vllm", "sampler_max_lora_rank": 16, "lora_rank": 32})
+    with pytest.raises(ConfigError, match="^sampler_max_loras: .*set them on the vLLM servers"):
+        config_from_dict({"sampler": "remote", "sampler_urls": ["http://a:1"], "sampler_max_loras": 4})
+    with pytest.raises(ConfigError, match="^sampler_enforce_eager: .*in-process vLLM engine"):
+        config_from_dict({"sampler_enforce_eager": True})
+
+
+@pytest.mark.slow  # the first in-process `serve` imports LiteLLM (~8 s on 2 cores)
+def test_serve_names_the_vllm_flag_that_is_wrong(tmp_path: Path) -> None:
+    result = _serve("--sampler", "vllm", "--dtype", "fp8", "--store", str(tmp_path / "s.sqlite"))
+    assert result.exit_code == 2 and "--dtype: " in result.output and "fp8" in result.output
+    result = _serve("--max-model-len", "512", "--store", str(tmp_path / "s.sqlite"))
+    assert result.exit_code == 2 and "--max-model-len: " in result.output and "in-process vLLM" in result.output

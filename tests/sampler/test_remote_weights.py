@@ -10,8 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
-from remote_helpers import KEY, serving
+from remote_helpers import KEY, perturb_lora, serving, trainer_logprobs
 
 from agl_bridge.sampler.base import SamplingParams
 from agl_bridge.sampler.remote import RemoteSampler
@@ -33,21 +32,6 @@ def _post(url: str, path: str, body: dict, key: str | None = KEY) -> httpx.Respo
     return httpx.post(f"{url}{path}", json=body, headers=headers, timeout=60)
 
 
-def _perturb(client, seed: int) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in client.model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-
-
-def _trainer_logprobs(client, tokens: list[int]) -> list[float]:
-    with torch.no_grad():
-        logits = client.model(input_ids=torch.tensor([tokens])).logits[0, :-1].float()
-        picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens[1:]).unsqueeze(1)).squeeze(1)
-    return picked.tolist()
-
-
 def test_sync_loads_each_version_by_name_and_unloads_the_old(sync_target, tiny_model_dir: Path, tmp_path: Path) -> None:
     from agl_bridge.train.client import TrainingClient
 
@@ -56,17 +40,17 @@ def test_sync_loads_each_version_by_name_and_unloads_the_old(sync_target, tiny_m
     client = TrainingClient(str(tiny_model_dir), lora_rank=4, sampler=remote)
     try:
         base = remote.sample(PROMPT, GREEDY).sequences[0]
-        _perturb(client, 1)
+        perturb_lora(client, 1)
         sampling = client.save_weights_and_get_sampling_client()
         assert sampling.weights_version == 1 and remote.policy_version == 1 and remote.active_model == "tiny-v1"
         assert (adapters / "tiny-v1" / "adapter_config.json").is_file()
         first = remote.sample(PROMPT, GREEDY).sequences[0]
         assert first.token_policy_versions == [1] * 6
         assert first.logprobs != base.logprobs, "the server samples with the new adapter"
-        trainer = _trainer_logprobs(client, PROMPT + first.tokens)[len(PROMPT) - 1 :]
+        trainer = trainer_logprobs(client, PROMPT + first.tokens)[len(PROMPT) - 1 :]
         assert first.logprobs == pytest.approx(trainer, abs=1e-4), "server and trainer score the same weights"
 
-        _perturb(client, 2)
+        perturb_lora(client, 2)
         client.save_weights_and_get_sampling_client()
         second = remote.sample(PROMPT, GREEDY).sequences[0]
         assert remote.active_model == "tiny-v2" and second.token_policy_versions == [2] * 6
