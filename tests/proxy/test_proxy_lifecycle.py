@@ -1,4 +1,4 @@
-"""The rollout lifecycle over HTTP: start / reward / finish on the proxy, with their refusals, and the Python helpers."""
+"""The rollout lifecycle over HTTP: start, reward and finish with their refusals, and the Python helpers."""
 
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ from rich.console import Console, RenderableType
 from agl_bridge.store import RolloutNotFoundError, SQLiteStore
 from agl_bridge.store.inspect import (
     PREVIEW_CHARS,
-    AttemptDetail,
     CallLine,
     RewardLine,
     render_overview,
