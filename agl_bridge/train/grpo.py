@@ -1,8 +1,9 @@
 """Online GRPO: an unmodified agent, run through the proxy, trained on its own exact tokens.
 
 `GRPOTrainer(config, agent=..., tasks=...).run()` is the entry point of every training mode: with
-`offline_data` it runs offline GRPO (`offline.py`), otherwise the online loop below, which reads top
-to bottom. Each step:
+`offline_data` it runs offline GRPO (`offline.py`), with `mode = "follow"` it trains on the rollouts
+an outside harness sends (`follow.py`), otherwise the online loop below, which reads top to bottom.
+Each step:
 
 1. sample — `batch_size` tasks × `group_size` rollouts through the runner and the in-process proxy;
 2. convert — the store's calls and rewards of those rollouts become trajectories;
@@ -54,6 +55,7 @@ from agl_bridge.store.sqlite import SQLiteStore
 from agl_bridge.train.advantages import datums_for, group_advantages
 from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig, config_to_dict
+from agl_bridge.train.follow import train_follow
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
 from agl_bridge.train.metrics import reward_stats
 from agl_bridge.train.offline import train_offline
@@ -84,6 +86,11 @@ class GRPOTrainer:
         self.config = config
         self.run_dir = Path(config.run_dir)
         self._log = log
+        if config.mode == "follow":
+            self.warm_start_pairs = (
+                list(warm_start_pairs) if warm_start_pairs is not None else load_pairs(config.warm_start.data)
+            )
+            return
         if config.offline_data:
             if not Path(config.offline_data).is_file():
                 raise ConfigError(
@@ -120,7 +127,10 @@ class GRPOTrainer:
         try:
             if self.config.offline_data:
                 return train_offline(self.config, log, resume=resume)
-            summary = self._train_online(log, resume=resume)
+            if self.config.mode == "follow":
+                summary = train_follow(self.config, log, resume=resume, warm_start_pairs=self.warm_start_pairs)
+            else:
+                summary = self._train_online(log, resume=resume)
         finally:
             if self._log is None:
                 log.close()
