@@ -512,6 +512,8 @@ def export_command(
         _fail(str(exc), code=1)  # the data (or the installation), not the command line
     scope = f" of rollout {rollout}" if rollout is not None else ""
     typer.echo(_export_summary(what, counts, scope, out))
+    if isinstance(counts, TrajectoryExportCounts) and (left_out := counts.report.left_out()):
+        typer.echo(left_out, err=True)
 
 
 _INSPECT_HELP = (
