@@ -30,7 +30,7 @@ import openai
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hello_qwen"))
 
 # The game's rules and the demo's split of the numbers (agent.py imports agl_bridge only inside the agent).
-from agent import prompt_for, reward_for, split_numbers  # noqa: E402
+from agent import prompt_for, reward_for, split_numbers
 
 
 class Harness:
@@ -55,7 +55,8 @@ class Harness:
 
     def rollout(self, number: int, rollout_id: str, is_eval: bool) -> float:
         """One rollout of the hello agent on `number`; its reward."""
-        self.lifecycle(rollout_id, "start", {"task_id": f"number-{number}", "metadata": {"number": number}, "eval": is_eval})
+        task = {"task_id": f"number-{number}", "metadata": {"number": number}, "eval": is_eval}
+        self.lifecycle(rollout_id, "start", task)
         try:
             client = openai.OpenAI(
                 base_url=f"{self.base_url}/rollout/{rollout_id}/attempt/0/v1", api_key=self.api_key, max_retries=0

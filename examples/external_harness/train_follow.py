@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hello_qwen"))
 
-from agent import prompt_for, split_numbers  # noqa: E402
+from agent import prompt_for, split_numbers
 
-from agl_bridge.train.config import FollowConfig, GRPOConfig, WarmStartConfig  # noqa: E402
-from agl_bridge.train.grpo import GRPOTrainer  # noqa: E402
+from agl_bridge.train.config import FollowConfig, GRPOConfig, WarmStartConfig
+from agl_bridge.train.grpo import GRPOTrainer
 
 
 def build_config(args: argparse.Namespace) -> GRPOConfig:

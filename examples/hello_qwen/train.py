@@ -21,6 +21,7 @@ from agent import hello_agent, prompt_for, split_numbers
 from agl_bridge.train.config import GRPOConfig, WarmStartConfig
 from agl_bridge.train.grpo import GRPOTrainer, RunSummary
 
+
 def build_config(args: argparse.Namespace) -> GRPOConfig:
     """The run's settings; --quick shrinks everything for CI."""
     quick = args.quick
