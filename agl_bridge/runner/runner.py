@@ -18,6 +18,7 @@ import asyncio
 import contextvars
 import inspect
 import math
+import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable
@@ -70,7 +71,8 @@ class RunnerConfig:
 
 @dataclass
 class RolloutOutcome:
-    """How one rollout ended: its final status, attempts made, rewards returned, and last error."""
+    """How one rollout ended: its final status, attempts made, rewards returned, last error, and when
+    its final status was committed (epoch seconds)."""
 
     rollout_id: str
     group_id: str
@@ -79,6 +81,7 @@ class RolloutOutcome:
     attempts: int
     rewards: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    finished_at: float = 0.0
 
 
 @dataclass
@@ -165,7 +168,9 @@ class Runner:
             ):
                 final = RolloutStatus(result.status.value)
                 await self.store.set_rollout_status(rollout_id, final)
-                return RolloutOutcome(rollout_id, group_id, task, final, number, result.rewards, result.error)
+                return RolloutOutcome(
+                    rollout_id, group_id, task, final, number, result.rewards, result.error, time.time()
+                )
         raise AssertionError("unreachable: the last attempt always returns")
 
     async def _run_attempt(self, task: Any, endpoint: Endpoint) -> _AttemptResult:

@@ -242,6 +242,7 @@ class GRPOTrainer:
                         assert client.sampler is not None  # the online run gives the client its sampler
                         version = client.sampler.policy_version
                     t4 = time.perf_counter()
+                    weights_at = time.time()
                     # log
                     record: dict[str, Any] = {
                         "phase": "train",
@@ -264,6 +265,10 @@ class GRPOTrainer:
                         "time_train_s": round(t3 - t2, 4),
                         "time_sync_s": round(t4 - t3, 4),
                         "time_step_s": round(t4 - t0, 4),
+                        # from the commit of the step's last finished rollout to its new weights serving
+                        "time_to_weights_s": round(weights_at - max(o.finished_at for o in outcomes), 4)
+                        if outcomes
+                        else None,
                         # the share of the step spent neither sampling nor in forward/backward + optim_step
                         "overhead_share": round(
                             ((t4 - t0) - (t1 - t0) - metrics["time_forward_backward_s"]) / max(t4 - t0, 1e-9), 4

@@ -6,8 +6,8 @@
 The same settings as the hello demo (examples/hello_qwen/train.py): a short supervised warm start,
 then GRPO on groups of 8 rollouts per number, 8 numbers per step — only here the trainer waits
 for the harness's rollouts instead of running the agent, and evaluates on the held-out rollouts
-the harness marks `eval`. `config.toml` next to this file is the same run as a config for
-`agl-bridge train --config` (without the warm start, whose pairs this script builds).
+the harness marks `eval`. The same run as a config file for `agl-bridge train --config`:
+docs/external-agents.md (without the warm start, whose pairs this script builds).
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def cpu_seconds(pid: int) -> float:
 def test_the_follow_trainer_learns_the_hello_game_from_an_outside_harness(tmp_path: Path) -> None:
     """(a) The hello agent in its own process, plain openai + HTTP; the follow trainer serves and learns."""
     run_dir = tmp_path / "follow"
-    steps = 30
+    steps = 40
     trainer_log, harness_log = tmp_path / "trainer.log", tmp_path / "harness.log"
     trainer = start(
         [sys.executable, str(EXAMPLE / "train_follow.py"), "--run-dir", str(run_dir), "--port", "0",
