@@ -205,6 +205,7 @@ class FollowLoop:
         batch = StepBatch()
         reported = time.monotonic()  # a step whose groups keep arriving says nothing; a wait says so
         while True:
+            await self._evaluate(store, step - 1, since)  # held-out rollouts done under the last step's weights
             candidates = await store.list_rollouts(consumed=False, eval=False, created_since=since)
             now = time.time()
             ready, counts = ready_groups(
@@ -219,7 +220,6 @@ class FollowLoop:
                 batch.groups.append(taken)
             if len(batch.groups) >= config.batch_size:
                 return batch
-            await self._evaluate(store, step - 1, since)
             if time.monotonic() - reported >= follow.wait_report_s:
                 self.log.say(_waiting_line(self.where, counts, len(batch.groups), config.batch_size, config.group_size))
                 reported = time.monotonic()
