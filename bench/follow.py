@@ -7,14 +7,16 @@
     one `noop` between each, in the same rollout prefix. Reports each route's p50 / p90 latency,
     its p50 minus the trivial route's (promised <= 1 ms each), and the server's CPU per request.
 (b) `time_to_weights`: from the commit of a step's last finished rollout to that step's new weights
-    serving, for the same batch (`--batch-size` hello tasks x `--group-size` rollouts) in the runner
+    serving (steps that trained; after the demo's warm start, so that returns vary), for the same batch
+    (`--batch-size` hello tasks x `--group-size` rollouts) in the runner
     mode (the GRPO online loop runs the hello agent; `max_staleness` 0, so nothing samples while a
     step trains) and in the follow mode (the hello harness of examples/external_harness runs one
     round per step and waits for that step's weights before the next, so nothing samples while a
     step trains either). Median over steps 2..`--steps` (step 1 warms up); each mode in its own
     process (LiteLLM's proxy is one per process), on the tiny model, no warm start, no evaluation.
 
-    .venv/bin/python bench/follow.py [--requests 500] [--steps 8] [--batch-size 4] [--group-size 8] [--skip-train]
+    .venv/bin/python bench/follow.py [--requests 500] [--steps 8] [--batch-size 4] [--group-size 8]
+                                     [--warm-start-steps 40] [--skip-train] [--skip-lifecycle]
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def time_lifecycle(requests: int, warmup: int) -> dict[str, Any]:
 
 
 def _config(mode: str, run_dir: str, args: argparse.Namespace) -> Any:
-    from agl_bridge.train.config import FollowConfig, GRPOConfig
+    from agl_bridge.train.config import FollowConfig, GRPOConfig, WarmStartConfig
 
     return GRPOConfig(
         mode=mode,
@@ -160,13 +162,16 @@ def _config(mode: str, run_dir: str, args: argparse.Namespace) -> Any:
         checkpoint_every=10_000,
         eval_every=10_000,
         tensorboard=False,
+        warm_start=WarmStartConfig(steps=args.warm_start_steps, batch_size=16, learning_rate=2e-3),
         follow=FollowConfig(port=0, wait_report_s=60.0),
     )
 
 
 def _medians(run_dir: str) -> dict[str, Any]:
     records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    # step 1 warms up; a step whose groups all had equal returns trains and syncs nothing
     train = [r for r in records if r["phase"] == "train"][1:]
+    train = [r for r in train if r["datums"]]
     return {
         "time_to_weights_s": round(statistics.median(r["time_to_weights_s"] for r in train), 4),
         "time_train_s": round(statistics.median(r["time_train_s"] for r in train), 4),
@@ -177,13 +182,15 @@ def _medians(run_dir: str) -> dict[str, Any]:
 
 def run_mode(mode: str, run_dir: str, args: argparse.Namespace) -> dict[str, Any]:
     """One mode of (b) in this process; its medians."""
-    from agent import hello_agent, split_numbers
+    from agent import hello_agent, prompt_for, split_numbers
 
     from agl_bridge.train.grpo import GRPOTrainer
 
     train_numbers, _ = split_numbers()
+    pairs = [(prompt_for(n), f"I'm {n}.") for n in train_numbers]  # the demo's warm start: rewards then vary
     if mode == "online":
-        GRPOTrainer(_config("online", run_dir, args), agent=hello_agent, tasks=train_numbers).run()
+        config = _config("online", run_dir, args)
+        GRPOTrainer(config, agent=hello_agent, tasks=train_numbers, warm_start_pairs=pairs).run()
         return _medians(run_dir)
     from harness import Harness
 
@@ -191,7 +198,7 @@ def run_mode(mode: str, run_dir: str, args: argparse.Namespace) -> dict[str, Any
 
     def train() -> None:
         try:
-            GRPOTrainer(_config("follow", run_dir, args)).run()
+            GRPOTrainer(_config("follow", run_dir, args), warm_start_pairs=pairs).run()
         except BaseException as error:  # reported below
             failure.append(error)
 
@@ -228,7 +235,7 @@ def time_to_weights(args: argparse.Namespace) -> dict[str, Any]:
     for mode in ("online", "follow"):
         with tempfile.TemporaryDirectory(prefix=f"agl-bench-{mode}-") as run_dir:
             flags = ["--steps", str(args.steps), "--batch-size", str(args.batch_size)]
-            flags += ["--group-size", str(args.group_size)]
+            flags += ["--group-size", str(args.group_size), "--warm-start-steps", str(args.warm_start_steps)]
             done = subprocess.run(
                 [sys.executable, __file__, "--run", mode, "--run-dir", run_dir, *flags],
                 capture_output=True,
@@ -251,7 +258,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--warm-start-steps", type=int, default=40, help="so that rewards vary and steps train")
     parser.add_argument("--skip-train", action="store_true", help="skip (b)")
+    parser.add_argument("--skip-lifecycle", action="store_true", help="skip (a)")
     parser.add_argument("--serve-lifecycle", metavar="STORE", help=argparse.SUPPRESS)
     parser.add_argument("--run", choices=("online", "follow"), help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
@@ -262,7 +271,9 @@ def main() -> None:
     if args.run:
         print(json.dumps(run_mode(args.run, args.run_dir, args)))
         return
-    result: dict[str, Any] = {"bench": "follow", "lifecycle": time_lifecycle(args.requests, args.warmup)}
+    result: dict[str, Any] = {"bench": "follow"}
+    if not args.skip_lifecycle:
+        result["lifecycle"] = time_lifecycle(args.requests, args.warmup)
     if not args.skip_train:
         result["time_to_weights"] = time_to_weights(args)
     print(json.dumps(result))

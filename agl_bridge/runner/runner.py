@@ -18,7 +18,6 @@ import asyncio
 import contextvars
 import inspect
 import math
-import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable
@@ -72,7 +71,7 @@ class RunnerConfig:
 @dataclass
 class RolloutOutcome:
     """How one rollout ended: its final status, attempts made, rewards returned, last error, and when
-    its final status was committed (epoch seconds)."""
+    its final status was written (the rollout's `updated_at`, epoch seconds)."""
 
     rollout_id: str
     group_id: str
@@ -167,9 +166,9 @@ class Runner:
                 or number == retry.max_attempts
             ):
                 final = RolloutStatus(result.status.value)
-                await self.store.set_rollout_status(rollout_id, final)
+                ended = await self.store.set_rollout_status(rollout_id, final)
                 return RolloutOutcome(
-                    rollout_id, group_id, task, final, number, result.rewards, result.error, time.time()
+                    rollout_id, group_id, task, final, number, result.rewards, result.error, ended.updated_at
                 )
         raise AssertionError("unreachable: the last attempt always returns")
 

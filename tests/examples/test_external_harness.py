@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from shared_helpers import AGL_BRIDGE, free_port
 
@@ -176,3 +177,79 @@ def test_a_follow_trainer_nobody_calls_waits_says_so_and_never_spins(tmp_path: P
     assert len(waiting) >= 3, text[-3000:]
     assert "0/8 groups of 4 for this step; 0 rollouts running, 0 finished in 0 incomplete groups" in waiting[-1]
     assert cpu_used < 1.5, f"a waiting trainer used {cpu_used:.2f} s of CPU in 6 s"
+
+
+def test_a_follow_trainer_attached_to_a_running_serve_trains_its_rollouts_and_updates_its_weights(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Attach mode: `agl-bridge serve` records and serves; the trainer follows its store and loads new weights
+    into it over `/v1/load_lora_adapter` (the serve's in-process sampler merges them live)."""
+    store, port, key = tmp_path / "serve.sqlite", free_port(), "sk-agl-attach-test"
+    base = f"http://127.0.0.1:{port}"
+    serve_log, trainer_log = tmp_path / "serve.log", tmp_path / "trainer.log"
+    server = start(
+        [AGL_BRIDGE, "serve", "--model", str(tiny_model_dir), "--served-model-name", "tiny", "--store", str(store),
+         "--port", str(port), "--api-key", key],
+        serve_log,
+    )  # fmt: skip
+    trainer = None
+    try:
+        deadline = time.monotonic() + 240
+        while "recording into" not in serve_log.read_text():
+            assert server.poll() is None and time.monotonic() < deadline, serve_log.read_text()[-3000:]
+            time.sleep(0.5)
+        run_dir = tmp_path / "run"
+        config = tmp_path / "attach.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "mode": "follow",
+                    "model": str(tiny_model_dir),
+                    "run_dir": str(run_dir),
+                    "steps": 1,
+                    "batch_size": 1,
+                    "group_size": 2,
+                    "tensorboard": False,
+                    "sampler": "remote",
+                    "sampler_urls": [base],
+                    "sampler_api_key": key,
+                    "sampler_model": "tiny",
+                    "follow": {"store": str(store), "wait_report_s": 1.0},
+                }
+            )
+        )
+        trainer = start(
+            [AGL_BRIDGE, "train", "--config", str(config)], trainer_log, env={**os.environ, "COLUMNS": "300"}
+        )
+        deadline = time.monotonic() + 240
+        while "following the store" not in trainer_log.read_text():
+            assert trainer.poll() is None and time.monotonic() < deadline, trainer_log.read_text()[-3000:]
+            time.sleep(0.5)
+        http = httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        for index, reward in enumerate([1.0, 0.0]):
+            prefix = f"{base}/rollout/attach-{index}/attempt/0"
+            http.post(f"{prefix}/start", json={"task_id": "t"}).raise_for_status()
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            http.post(f"{prefix}/v1/chat/completions", json=body).raise_for_status()
+            http.post(f"{prefix}/reward", json={"value": reward}).raise_for_status()
+            http.post(f"{prefix}/finish", json={"status": "succeeded"}).raise_for_status()
+        assert trainer.wait(300) == 0, trainer_log.read_text()[-4000:]
+        after = http.post(
+            f"{base}/rollout/attach-after/attempt/0/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        )
+        assert after.status_code == 200
+    finally:
+        for process in (trainer, server):
+            if process is not None:
+                stop(process)
+    (record,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert (record["step"], record["rollouts"], record["policy_version"]) == (1, 2, 1)
+
+    async def versions() -> tuple[int | None, int | None]:
+        async with SQLiteStore(store) as opened:
+            before = [c async for c in opened.iter_llm_calls("attach-0", "0")]
+            later = [c async for c in opened.iter_llm_calls("attach-after", "0")]
+            return before[0].policy_version, later[0].policy_version
+
+    assert asyncio.run(versions()) == (0, 1)  # the serve samples with the trainer's new weights
