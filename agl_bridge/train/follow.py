@@ -39,9 +39,7 @@ from typing import Any
 
 from agl_bridge.convert import ConversionReport, Trajectory, convert_store
 from agl_bridge.convert.policy import ConvertOptions, weighted_return
-from agl_bridge.models.loading import load_tokenizer, resolve_model_path, served_model_name
 from agl_bridge.proxy.server import ProxyServer
-from agl_bridge.sampler.factory import build_sampler
 from agl_bridge.store.base import Store
 from agl_bridge.store.sqlite import SQLiteStore
 from agl_bridge.train.advantages import datums_for, group_advantages
@@ -50,6 +48,7 @@ from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.follow_groups import ReadyGroup, WaitingCounts, ready_groups
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
 from agl_bridge.train.metrics import reward_stats
+from agl_bridge.train.policy import open_policy
 from agl_bridge.train.run_log import RunLog, RunSummary, format_reward, step_line
 from agl_bridge.train.step import grpo_settings, train_step
 from agl_bridge.train.warm_start import warm_start
@@ -83,24 +82,13 @@ def train_follow(config: GRPOConfig, log: RunLog, *, resume: bool, warm_start_pa
     started = time.monotonic()
     run_dir = Path(config.run_dir)
     follow = config.follow
-    model_path = resolve_model_path(config.model)
-    tokenizer = load_tokenizer(model_path)
-    name = served_model_name(config.model)
-    sampler = build_sampler(config.sampler_spec(), model_path, tokenizer, served_name=name)
-    client = TrainingClient(
-        model_path,
-        lora_rank=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        train_unembedding=config.train_unembedding,
-        seed=config.seed,
-        sampler=sampler,
-        max_batch_tokens=config.max_batch_tokens,
-    )
+    policy = open_policy(config)
+    client, sampler = policy.client, policy.sampler
     proxy: ProxyServer | None = None
     try:
         state = resume_latest(client, run_dir, config.seed, log, sync=False) if resume else None
         if state is None and config.warm_start.steps > 0 and warm_start_pairs:
-            asyncio.run(warm_start(client, tokenizer, warm_start_pairs, config, log))
+            asyncio.run(warm_start(client, policy.tokenizer, warm_start_pairs, config, log))
         # The served weights are the trainer's from here on (a server we attach to may hold another run's).
         version = int(state["policy_version"]) if state is not None else sampler.policy_version
         client.save_weights_and_get_sampling_client(version=version)
@@ -108,9 +96,9 @@ def train_follow(config: GRPOConfig, log: RunLog, *, resume: bool, warm_start_pa
         if follow.store is None:
             proxy = ProxyServer(
                 sampler=sampler,
-                tokenizer=tokenizer,
+                tokenizer=policy.tokenizer,
                 store_path=store_path,
-                model_name=name,
+                model_name=policy.name,
                 host=follow.host,
                 port=follow.port,
                 api_key=follow.api_key,
@@ -127,8 +115,7 @@ def train_follow(config: GRPOConfig, log: RunLog, *, resume: bool, warm_start_pa
     finally:
         if proxy is not None:
             proxy.stop()
-        client.close()
-        sampler.close()
+        policy.close()
     summary.wall_time_s = time.monotonic() - started
     return summary
 

@@ -36,7 +36,6 @@ from typing import Any
 from agl_bridge.convert import ConversionReport, convert_store
 from agl_bridge.convert.policy import ConvertOptions, weighted_return
 from agl_bridge.errors import ConfigError
-from agl_bridge.models.loading import load_tokenizer, resolve_model_path, served_model_name
 from agl_bridge.proxy.server import ProxyServer
 from agl_bridge.runner import (
     AgentCommand,
@@ -50,7 +49,6 @@ from agl_bridge.runner import (
 )
 from agl_bridge.runner.recovery import fail_interrupted
 from agl_bridge.runner.runner import AgentFunction
-from agl_bridge.sampler.factory import build_sampler
 from agl_bridge.store.sqlite import SQLiteStore
 from agl_bridge.train.advantages import datums_for, group_advantages
 from agl_bridge.train.client import TrainingClient
@@ -60,6 +58,7 @@ from agl_bridge.train.loop_state import resume_latest, save_checkpoint
 from agl_bridge.train.metrics import reward_stats
 from agl_bridge.train.offline import train_offline
 from agl_bridge.train.plot import plot_run
+from agl_bridge.train.policy import open_policy
 from agl_bridge.train.run_log import RunLog, RunSummary, format_reward, step_line
 from agl_bridge.train.step import grpo_settings, train_step
 from agl_bridge.train.warm_start import load_pairs, warm_start
@@ -144,20 +143,8 @@ class GRPOTrainer:
         """Set up the sampler, the training client and the proxy; run the loop; tear them down."""
         started = time.monotonic()
         config = self.config
-        model_path = resolve_model_path(config.model)
-        tokenizer = load_tokenizer(model_path)
-        name = served_model_name(config.model)
-        # hf: merged in place in this process; remote / vllm: adapters written to adapter_dir and loaded by name.
-        sampler = build_sampler(config.sampler_spec(), model_path, tokenizer, served_name=name)
-        client = TrainingClient(
-            model_path,
-            lora_rank=config.lora_rank,
-            lora_alpha=config.lora_alpha,
-            train_unembedding=config.train_unembedding,
-            seed=config.seed,
-            sampler=sampler,
-            max_batch_tokens=config.max_batch_tokens,
-        )
+        policy = open_policy(config)
+        client, sampler, tokenizer, name = policy.client, policy.sampler, policy.tokenizer, policy.name
         state = resume_latest(client, self.run_dir, config.seed, log) if resume else None
         proxy = ProxyServer(
             sampler=sampler,
@@ -175,8 +162,7 @@ class GRPOTrainer:
             summary.wall_time_s = time.monotonic() - started
         finally:
             proxy.stop()
-            client.close()
-            sampler.close()
+            policy.close()
         return summary
 
     async def _loop(

@@ -13,39 +13,27 @@ docs/external-agents.md (without the warm start, whose pairs this script builds)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hello_qwen"))
 
 from agent import prompt_for, split_numbers
+from train import build_config as demo_config  # examples/hello_qwen/train.py: the demo's settings
 
-from agl_bridge.train.config import FollowConfig, GRPOConfig, WarmStartConfig
+from agl_bridge.train.config import FollowConfig, GRPOConfig
 from agl_bridge.train.grpo import GRPOTrainer
 
 
 def build_config(args: argparse.Namespace) -> GRPOConfig:
-    """The follow run's settings (the demo's, with the follow keys)."""
-    return GRPOConfig(
+    """The demo's settings, in follow mode: the trainer serves on --port and waits for the harness."""
+    return dataclasses.replace(
+        demo_config(args),
         mode="follow",
-        model=args.model,
-        run_dir=args.run_dir,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        group_size=args.group_size,
-        learning_rate=args.learning_rate,
-        lora_rank=16,
-        lora_alpha=32,
-        loss_fn="importance_sampling",
-        tis_cap=2.0,
-        aggregation="token_mean",
         max_staleness=args.max_staleness,
         checkpoint_every=args.checkpoint_every,
-        default_max_tokens=16,
-        concurrency=32,
-        seed=args.seed,
         tensorboard=False,
-        warm_start=WarmStartConfig(steps=args.warm_start_steps, batch_size=16, learning_rate=2e-3),
         follow=FollowConfig(port=args.port, min_group_size=2, rollout_idle_timeout_s=120.0, wait_report_s=10.0),
     )
 
@@ -60,11 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--warm-start-steps", type=int, default=120)
+    parser.add_argument("--no-warm-start", action="store_true", help="RL only (for real instruct models)")
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--port", type=int, default=4000, help="where the harness calls (0 picks a free one)")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    args.quick = False  # the demo's --quick shrinks its runner settings; the harness sets the pace here
     train_numbers, _ = split_numbers()
     pairs = [(prompt_for(n), f"I'm {n}.") for n in train_numbers]
     summary = GRPOTrainer(build_config(args), warm_start_pairs=pairs).run(resume=args.resume)
