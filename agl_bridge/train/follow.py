@@ -55,7 +55,7 @@ from agl_bridge.train.warm_start import warm_start
 from agl_bridge.types import Rollout, RolloutStatus
 
 ENDPOINT_FILE = "endpoint.json"
-"""Written to run_dir when the trainer serves: `{"base_url", "api_key"}` for harnesses to read (mode 0600)."""
+"""Written to run_dir while the trainer serves: `{"base_url", "api_key"}` for harnesses to read (mode 0600)."""
 
 
 @dataclass
@@ -82,6 +82,7 @@ def train_follow(config: GRPOConfig, log: RunLog, *, resume: bool, warm_start_pa
     started = time.monotonic()
     run_dir = Path(config.run_dir)
     follow = config.follow
+    (run_dir / ENDPOINT_FILE).unlink(missing_ok=True)  # a crashed run's: the address of no server
     policy = open_policy(config)
     client, sampler = policy.client, policy.sampler
     proxy: ProxyServer | None = None
@@ -114,6 +115,7 @@ def train_follow(config: GRPOConfig, log: RunLog, *, resume: bool, warm_start_pa
         client.save_weights_for_sampler(run_dir / "final_adapter")
     finally:
         if proxy is not None:
+            (run_dir / ENDPOINT_FILE).unlink(missing_ok=True)  # harnesses must not find a server that is gone
             proxy.stop()
         policy.close()
     summary.wall_time_s = time.monotonic() - started
