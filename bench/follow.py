@@ -16,7 +16,7 @@
     process (LiteLLM's proxy is one per process), on the tiny model, no warm start, no evaluation.
 
     .venv/bin/python bench/follow.py [--requests 500] [--steps 8] [--batch-size 4] [--group-size 8]
-                                     [--warm-start-steps 40] [--skip-train] [--skip-lifecycle]
+                                     [--warm-start-steps 120] [--skip-train] [--skip-lifecycle]
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--warm-start-steps", type=int, default=40, help="so that rewards vary and steps train")
+    parser.add_argument("--warm-start-steps", type=int, default=120, help="the demo's: rewards then vary and steps train")
     parser.add_argument("--skip-train", action="store_true", help="skip (b)")
     parser.add_argument("--skip-lifecycle", action="store_true", help="skip (a)")
     parser.add_argument("--serve-lifecycle", metavar="STORE", help=argparse.SUPPRESS)

@@ -16,7 +16,7 @@ Every rollout the store sees is a rollout in it: the first record under a (rollo
 has no row for registers both as running (origin external), in the write that stores the record.
 Clients we do not launch then drive the rest of the lifecycle (`register_attempt`,
 `report_reward`, `complete_attempt`; `expire_idle_rollouts` ends what nobody finishes), and a
-follow trainer takes finished rollouts (`mark_consumed`, `release_consumed`, `wait_for_change`).
+follow trainer takes finished rollouts (`mark_consumed`, `release_consumed`, `change_token` + `wait_for_change`).
 Attempt ids are unique per rollout; `tests/store/test_store_contract.py` holds what every backend
 must do, parametrized by backend.
 """
@@ -161,8 +161,15 @@ class Store(Protocol):
         """Un-take what steps after `after_step` took (resuming from that checkpoint); returns how many."""
         ...
 
-    async def wait_for_change(self, timeout_s: float, *, poll_s: float = 0.25) -> bool:
-        """Wait for a possible rollout or attempt change (False after `timeout_s` without one); never spins."""
+    async def change_token(self) -> int:
+        """A mark of the store's state now; take it before reading what `wait_for_change(since=...)` waits on."""
+        ...
+
+    async def wait_for_change(self, timeout_s: float, *, since: int | None = None, poll_s: float = 0.25) -> bool:
+        """Wait for a possible rollout or attempt change (False after `timeout_s` without one); never spins.
+
+        since: a `change_token()`; a change committed after it (even before this call) returns at once.
+        """
         ...
 
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:

@@ -402,16 +402,26 @@ class SQLiteStore:
         """Un-take what steps after `after_step` took (resuming from that step's checkpoint); returns how many."""
         return await self._submit(FuncOp(partial(sqlite_rollouts.release_consumed, after_step=after_step)))
 
-    async def wait_for_change(self, timeout_s: float, *, poll_s: float = 0.25) -> bool:
+    async def change_token(self) -> int:
+        """A mark of the store's state now, for `wait_for_change(since=...)`: take it before reading."""
+        return await self._data_version()
+
+    async def wait_for_change(self, timeout_s: float, *, since: int | None = None, poll_s: float = 0.25) -> bool:
         """Wait until a rollout or attempt may have changed; False once `timeout_s` passed without a sign.
 
+        since: a `change_token()` taken before the caller read the state it waits to see change; a
+        change committed after it returns at once (without it, only changes after this call count,
+        and one committed between the caller's read and this call is missed until `timeout_s`).
         A state change committed by a store object of this process on the same file wakes the
         waiter at once; writes of other processes are noticed within `poll_s` (SQLite's
-        `data_version`, which any commit of another connection moves: records too). Never spins.
+        `data_version` of the reading connection, which any other connection's commit moves:
+        records too). Never spins.
         """
         deadline = time.monotonic() + timeout_s
-        seen = await self._data_version()
-        with change_waiter(self.path) as changed:
+        with change_waiter(self.path) as changed:  # registered before the check: no change falls in between
+            seen = await self._data_version()
+            if since is not None and seen != since:
+                return True
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -195,6 +195,7 @@ class FollowLoop:
         reported = time.monotonic()  # a step whose groups keep arriving says nothing; a wait says so
         while True:
             await self._evaluate(store, step - 1, since)  # held-out rollouts done under the last step's weights
+            token = await store.change_token()  # before the read: a change after it wakes the wait below
             candidates = await store.list_rollouts(consumed=False, eval=False, created_since=since)
             now = time.time()
             ready, counts = ready_groups(
@@ -215,7 +216,7 @@ class FollowLoop:
             wake = follow.wait_report_s
             if counts.next_timeout_at is not None:
                 wake = min(wake, max(0.05, counts.next_timeout_at - now))
-            await store.wait_for_change(wake)
+            await store.wait_for_change(wake, since=token)
 
     async def _take(self, store: Store, group: ReadyGroup, step: int, version: int) -> TakenGroup:
         """Mark a complete group as taken by `step` and convert it; its staleness against `version`."""

@@ -173,3 +173,13 @@ async def test_wait_for_change_wakes_on_a_state_change_and_times_out_otherwise(b
     assert await backend.wait_for_change(10.0) is True
     assert time.monotonic() - began < 5.0
     await waker
+
+
+async def test_a_change_between_a_token_and_the_wait_is_not_missed(backend: Store) -> None:
+    token = await backend.change_token()
+    await backend.register_attempt("between", "0")  # after the caller's read, before it waits
+    began = time.monotonic()
+    assert await backend.wait_for_change(10.0, since=token) is True
+    assert time.monotonic() - began < 1.0
+    token = await backend.change_token()
+    assert await backend.wait_for_change(0.3, since=token) is False  # nothing since: it still waits
