@@ -47,7 +47,7 @@ from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.follow_groups import ReadyGroup, WaitingCounts, ready_groups
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
-from agl_bridge.train.metrics import reward_stats
+from agl_bridge.train.metrics import reward_stats, step_times
 from agl_bridge.train.policy import open_policy
 from agl_bridge.train.run_log import RunLog, RunSummary, format_reward, step_line
 from agl_bridge.train.step import grpo_settings, train_step
@@ -239,7 +239,6 @@ class FollowLoop:
         marks: tuple[float, float, float, float, float],
         weights_at: float,
     ) -> None:
-        t0, t1, t2, t3, t4 = marks
         rollouts = [r for group in batch.groups for r in group.rollouts]
         staleness = [g.staleness for g in batch.groups if g.staleness is not None]
         dropped: dict[str, int] = {}
@@ -266,13 +265,7 @@ class FollowLoop:
             "staleness_max": max(staleness) if staleness else None,
             "datums": len(datums),
             **metrics,
-            "time_sample_s": round(t1 - t0, 4),
-            "time_convert_s": round(t2 - t1, 4),
-            "time_train_s": round(t3 - t2, 4),
-            "time_sync_s": round(t4 - t3, 4),
-            "time_step_s": round(t4 - t0, 4),
-            # from the commit of the step's last finished rollout to its new weights serving
-            "time_to_weights_s": round(weights_at - max(r.updated_at for r in rollouts), 4) if rollouts else None,
+            **step_times(marks, max((r.updated_at for r in rollouts), default=None), weights_at),
         }
         self.log.write(record)
         stale = f" · {batch.stale_groups} stale groups dropped" if batch.stale_groups else ""

@@ -55,7 +55,7 @@ from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig, config_to_dict
 from agl_bridge.train.follow import train_follow
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
-from agl_bridge.train.metrics import reward_stats
+from agl_bridge.train.metrics import reward_stats, step_times
 from agl_bridge.train.offline import train_offline
 from agl_bridge.train.plot import plot_run
 from agl_bridge.train.policy import open_policy
@@ -246,15 +246,9 @@ class GRPOTrainer:
                         "groups_zero_variance": batch.groups_dropped_zero_variance,
                         "datums": len(datums),
                         **metrics,
-                        "time_sample_s": round(t1 - t0, 4),
-                        "time_convert_s": round(t2 - t1, 4),
-                        "time_train_s": round(t3 - t2, 4),
-                        "time_sync_s": round(t4 - t3, 4),
-                        "time_step_s": round(t4 - t0, 4),
-                        # from the commit of the step's last finished rollout to its new weights serving
-                        "time_to_weights_s": round(weights_at - max(o.finished_at for o in outcomes), 4)
-                        if outcomes
-                        else None,
+                        **step_times(
+                            (t0, t1, t2, t3, t4), max((o.finished_at for o in outcomes), default=None), weights_at
+                        ),
                         # the share of the step spent neither sampling nor in forward/backward + optim_step
                         "overhead_share": round(
                             ((t4 - t0) - (t1 - t0) - metrics["time_forward_backward_s"]) / max(t4 - t0, 1e-9), 4
