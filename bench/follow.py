@@ -258,7 +258,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--warm-start-steps", type=int, default=120, help="the demo's: rewards then vary and steps train")
+    parser.add_argument("--warm-start-steps", type=int, default=120, help="the demo's: rewards vary")
     parser.add_argument("--skip-train", action="store_true", help="skip (b)")
     parser.add_argument("--skip-lifecycle", action="store_true", help="skip (a)")
     parser.add_argument("--serve-lifecycle", metavar="STORE", help=argparse.SUPPRESS)
