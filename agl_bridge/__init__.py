@@ -9,16 +9,21 @@ apply_offline_env_defaults()
 
 # `emit_reward` is the one call users add to their agent. It is imported on first use so that
 # `import agl_bridge` (e.g. by the sampler or the CLI) does not load OpenTelemetry.
-_TRACING_EXPORTS = ("emit_reward", "emit_reward_async")
+_REWARDS = ("emit_reward", "emit_reward_async")
+_LIFECYCLE = ("start_rollout", "finish_rollout")
 
 
 def __getattr__(name: str) -> object:
-    """`agl_bridge.emit_reward` / `emit_reward_async`, re-exported from `agl_bridge.tracing`."""
-    if name in _TRACING_EXPORTS:
+    """`emit_reward`, `emit_reward_async`, `start_rollout`, `finish_rollout`: re-exported from `agl_bridge.tracing`."""
+    if name in _REWARDS:
         from agl_bridge.tracing import rewards
 
         return getattr(rewards, name)
+    if name in _LIFECYCLE:
+        from agl_bridge.tracing import lifecycle
+
+        return getattr(lifecycle, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["__version__", "emit_reward", "emit_reward_async"]
+__all__ = ["__version__", "emit_reward", "emit_reward_async", "finish_rollout", "start_rollout"]

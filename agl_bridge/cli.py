@@ -239,6 +239,13 @@ def serve_command(
         None, "--served-model-name", help="Model name clients ask for (default: tiny, or the model directory's name)."
     ),
     default_max_tokens: int = typer.Option(1024, min=1, help="max_tokens for requests that do not set it."),
+    rollout_idle_timeout: float | None = typer.Option(
+        None,
+        "--rollout-idle-timeout",
+        metavar="S",
+        help="Time out a rollout started by an outside client after S seconds without a call, reward or "
+        "request: its attempt ends timed_out and never trains (default: rollouts wait to be finished).",
+    ),
     torch_threads: int | None = typer.Option(
         None,
         "--torch-threads",
@@ -265,6 +272,8 @@ def serve_command(
     except SamplerSpecError as exc:
         _fail(f"{exc.flag}: {exc}")
     _check_writable_store(store)
+    if rollout_idle_timeout is not None and not (math.isfinite(rollout_idle_timeout) and rollout_idle_timeout > 0):
+        _fail(f"--rollout-idle-timeout must be a number of seconds > 0, got {rollout_idle_timeout}")
     try:  # refuse a public bind without a key, a taken port or a bad LiteLLM config before the (slow) model load
         choose_api_key(host, api_key)
         bind_socket(host, port).close()
@@ -299,6 +308,7 @@ def serve_command(
             api_key=api_key,
             litellm_config_path=litellm_config,
             default_max_tokens=default_max_tokens,
+            rollout_idle_timeout_s=rollout_idle_timeout,
         )
     except ProxyStartError as exc:
         sampler.close()
@@ -313,6 +323,11 @@ def serve_command(
             err=True,
         )
         typer.echo(f"  per rollout: {ready.openai_base_url('ROLLOUT_ID', 'ATTEMPT_ID')}", err=True)
+        typer.echo(
+            f"  lifecycle: POST {ready.base_url}/rollout/ROLLOUT_ID/attempt/ATTEMPT_ID/start|reward|finish"
+            + (f" (idle rollouts time out after {rollout_idle_timeout:g} s)" if rollout_idle_timeout else ""),
+            err=True,
+        )
         typer.echo(f"  recording into {store.resolve()}; Ctrl-C stops", err=True)
 
     try:
@@ -500,6 +515,8 @@ def export_command(
         _fail(str(exc), code=1)  # the data (or the installation), not the command line
     scope = f" of rollout {rollout}" if rollout is not None else ""
     typer.echo(_export_summary(what, counts, scope, out))
+    if isinstance(counts, TrajectoryExportCounts) and (left_out := counts.report.left_out()):
+        typer.echo(left_out, err=True)
 
 
 _INSPECT_HELP = (

@@ -178,6 +178,17 @@ PATH_PARAM_ROLLOUT_ID: Final = "rollout_id"
 PATH_PARAM_ATTEMPT_ID: Final = "attempt_id"
 """Name of the attempt path parameter in those routes."""
 
+# --- the rollout lifecycle routes (under /rollout/{rollout_id}/attempt/{attempt_id}) ------------------
+
+PATH_START: Final = "/start"
+"""POST: start an attempt as running and name its task (`task_id`, `metadata`, `eval`)."""
+
+PATH_REWARD: Final = "/reward"
+"""POST: report a reward (`value`, `name`) for a running attempt."""
+
+PATH_FINISH: Final = "/finish"
+"""POST: finish an attempt with its outcome (`status`, `error`; the task may be named here too)."""
+
 # --- OTLP/HTTP ------------------------------------------------------------------------------------
 
 OTLP_TRACES_PATH: Final = "/v1/traces"

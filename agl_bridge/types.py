@@ -335,12 +335,24 @@ class StoredSpan:
             raise ValueError(f"status_message must be a string or None, got {self.status_message!r}")
 
 
+class RolloutOrigin(str, enum.Enum):
+    """Who started a rollout: our runner (`Store.create_rollout`), or a client we do not launch."""
+
+    RUNNER = "runner"
+    """Created with `create_rollout` (the runner, or any code using the store API) before it ran."""
+    EXTERNAL = "external"
+    """Registered by its first call, reward or lifecycle request (an agent or harness we do not launch)."""
+
+
 @dataclass(slots=True, kw_only=True)
 class Rollout:
     """One run of the agent on one task; GRPO groups rollouts of the same task by `group_id`.
 
     `task` is the JSON-able payload handed to the agent. `attempts` counts the attempts started
-    so far (retries included).
+    so far (retries included). For an external rollout, `group_id` is the task id its harness
+    named (None until it names one) and `task` the task metadata it sent (else the task id).
+    `eval` marks a held-out rollout (evaluated, never trained); `consumed_step` is the training
+    step of the follow trainer that took it (trained, or dropped as too stale), None until then.
     """
 
     rollout_id: str
@@ -351,14 +363,40 @@ class Rollout:
     updated_at: float = field(default_factory=time.time)
     attempts: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
+    origin: RolloutOrigin = RolloutOrigin.RUNNER
+    eval: bool = False
+    consumed_step: int | None = None
 
     def __post_init__(self) -> None:
         check_id("rollout_id", self.rollout_id, optional=False)
         check_id("group_id", self.group_id, optional=True)
         self.status = RolloutStatus(self.status)
+        self.origin = RolloutOrigin(self.origin)
         check_count("attempts", self.attempts, optional=False)
+        check_count("consumed_step", self.consumed_step, optional=True)
         if not isinstance(self.metadata, dict):
             raise ValueError(f"metadata must be a dict, got {self.metadata!r}")
+        if not isinstance(self.eval, bool):
+            raise ValueError(f"eval must be true or false, got {self.eval!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutTask:
+    """What a harness says about the rollout it runs: the task, its metadata, whether it is held out.
+
+    task_id: names the task; the rollouts of one task form one GRPO group (stored as `group_id`).
+    metadata: the JSON-able task payload (stored as the rollout's `task`; default: the task id).
+    eval: True for a held-out rollout, evaluated and never trained; None leaves the flag as it is.
+    """
+
+    task_id: str | None = None
+    metadata: Any = None
+    eval: bool | None = None
+
+    def __post_init__(self) -> None:
+        check_id("task_id", self.task_id, optional=True)
+        if self.eval is not None and not isinstance(self.eval, bool):
+            raise ValueError(f"eval must be true, false or null, got {self.eval!r}")
 
 
 @dataclass(slots=True, kw_only=True)

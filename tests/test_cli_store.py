@@ -116,8 +116,8 @@ def test_inspect_lists_rollouts_and_records_outside_rollouts(store_path: Path) -
     result = runner.invoke(app, ["inspect", "--store", str(store_path)], env=WIDE)
     assert result.exit_code == 0, result.output
     row = next(line for line in result.stdout.splitlines() if line.startswith("ro-1"))
-    assert row.split() == ["ro-1", "succeeded", "g-1", "1", "2", "1", "0.75", *row.split()[7:]]
-    assert any(line.split()[:3] == ["ro-2", "queued", "–"] for line in result.stdout.splitlines())
+    assert row.split() == ["ro-1", "succeeded", "runner", "g-1", "1", "2", "1", "0.75", *row.split()[8:]]
+    assert any(line.split()[:4] == ["ro-2", "queued", "runner", "–"] for line in result.stdout.splitlines())
     assert "2 rollouts shown; 1 call and 1 reward without a rollout" in result.stdout
 
 

@@ -163,6 +163,16 @@ class Trajectory:
         return sum(len(segment.calls) for segment in self.segments)
 
 
+_WHY_DROPPED = {
+    DropReason.NOT_FINISHED.value: "attempts still running or of rollouts not finished (finish them: POST "
+    ".../finish or finish_rollout(); serve --rollout-idle-timeout ends those nobody finishes)",
+    DropReason.MISSING_REWARD.value: "attempts without a reward (--missing-reward zero trains them with return 0)",
+    DropReason.FAILED.value: "failed attempts (never trained)",
+    DropReason.TIMED_OUT.value: "timed-out attempts (never trained)",
+    DropReason.NO_TRAINABLE_CALLS.value: "attempts with no token-level call of the selected models and agents",
+}
+
+
 @dataclass(slots=True, kw_only=True)
 class ConversionReport:
     """What a conversion did: attempts converted or dropped (by `DropReason`), segments, splits.
@@ -190,6 +200,21 @@ class ConversionReport:
     def attempts_dropped(self) -> int:
         """Attempts that produced no trajectory, whatever the reason."""
         return sum(self.dropped.values())
+
+    def left_out(self) -> str:
+        """One line for people: what was not converted and why, and what was merged or split ("" if nothing)."""
+        parts = [f"{n} {_WHY_DROPPED.get(reason, reason)}" for reason, n in sorted(self.dropped.items()) if n]
+        outside = self.calls_not_trained.get("outside_attempt", 0)
+        if outside:
+            parts.append(f"{outside} calls made outside any attempt")
+        if self.rewards_ignored:
+            parts.append(f"{self.rewards_ignored} rewards naming an attempt the store has no row for")
+        line = f"not converted: {'; '.join(parts)}" if parts else ""
+        if self.splits:
+            splits = ", ".join(f"{kind} {n}" for kind, n in sorted(self.splits.items()))
+            turns = f"{self.calls_trained} calls merged into {self.segments} segments (splits: {splits})"
+            line = f"{line}; {turns}" if line else turns
+        return line
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict of every count."""

@@ -30,9 +30,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Message, Send
 
+from agl_bridge import semconv
 from agl_bridge.proxy.request import RequestError
 from agl_bridge.sampler.remote_errors import RemoteSamplerError
-from agl_bridge.store.errors import StoreError
+from agl_bridge.store.errors import (
+    AttemptNotFoundError,
+    RolloutNotFoundError,
+    StoreConflictError,
+    StoreError,
+    TaskConflictError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +64,9 @@ STATUS_CODES = {
     504: "timeout",
 }
 """The word `code` of a refusal that carries none, by HTTP status."""
+
+
+_LOOKUP_PARAMS = {AttemptNotFoundError: semconv.HEADER_ATTEMPT_ID, RolloutNotFoundError: semconv.HEADER_ROLLOUT_ID}
 
 
 class WireProtocol(enum.Enum):
@@ -90,6 +100,11 @@ def api_error(exc: BaseException, *, method: str = "", path: str = "") -> ApiErr
     """What `exc`, raised while serving `method path`, tells the client."""
     if isinstance(exc, RequestError):
         return ApiError(exc.status, exc.message, _type_for(exc.status), exc.param, exc.code)
+    if isinstance(exc, (AttemptNotFoundError, RolloutNotFoundError)):  # a lifecycle request naming nothing known
+        return ApiError(404, str(exc), param=_LOOKUP_PARAMS[type(exc)], code="not_found")
+    if isinstance(exc, StoreConflictError):  # a finished attempt, another task: the request cannot apply
+        conflicting = "task_id" if isinstance(exc, TaskConflictError) else semconv.HEADER_ATTEMPT_ID
+        return ApiError(409, str(exc), param=conflicting, code="conflict")
     if isinstance(exc, StoreError):
         # Not recorded, so not served: the caller retries once the store is writable.
         message = f"the call was not served because it could not be recorded: {exc}"

@@ -7,6 +7,10 @@ so one process holds at most one proxy.
 
 Served model names map to LiteLLM entries `agl/<name>`; a user LiteLLM config adds other models
 (judges, frozen answerers) to the same endpoint, and calls to them are recorded as text-only.
+
+The rollout lifecycle routes (`lifecycle.py`: start, reward, finish) are our bare routes on the
+front door. With `rollout_idle_timeout_s`, a sweep times out every external rollout with no call,
+reward or request for that long (`Store.expire_idle_rollouts`): such a rollout never trains.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from agl_bridge.proxy.adapters import AdapterRegistry, make_adapter_router
 from agl_bridge.proxy.completions import make_completions_router
 from agl_bridge.proxy.errors import install_error_handlers
 from agl_bridge.proxy.gateway import NO_NATIVE_TELEMETRY, Gateway
+from agl_bridge.proxy.lifecycle import make_lifecycle_router
 from agl_bridge.proxy.litellm_hooks import GATEWAY_AUTH, ModelCheck, TextCallLogger
 from agl_bridge.proxy.litellm_patches import patch_litellm
 from agl_bridge.proxy.provider import PROVIDER_NAME, AglProvider
@@ -40,6 +45,7 @@ from agl_bridge.proxy.recording import CallRecorder
 from agl_bridge.proxy.request import RequestError
 from agl_bridge.proxy.service import ChatService
 from agl_bridge.sampler.base import TokenSampler
+from agl_bridge.store.errors import StoreError
 from agl_bridge.store.sqlite import SQLiteStore
 
 logger = logging.getLogger(__name__)
@@ -147,7 +153,11 @@ class ProxyServer:
         api_key: str | None = None,
         litellm_config_path: str | os.PathLike[str] | None = None,
         default_max_tokens: int = 1024,
+        rollout_idle_timeout_s: float | None = None,
     ) -> None:
+        if rollout_idle_timeout_s is not None and not rollout_idle_timeout_s > 0:
+            raise ProxyStartError(f"the rollout idle timeout must be > 0 seconds, got {rollout_idle_timeout_s!r}")
+        self.rollout_idle_timeout_s = rollout_idle_timeout_s
         self.sampler = sampler
         self.codec = ChatCodec(tokenizer)
         self.store_path = Path(store_path)
@@ -255,7 +265,7 @@ class ProxyServer:
             front = Gateway(
                 self._litellm_app(provider, recorder, make_traces_router(self.store)),
                 api_key=self.api_key,
-                routes=self._token_routes(provider),
+                routes=self._token_routes(provider) + make_lifecycle_router(self._open_store).routes,
             )
             config = uvicorn.Config(
                 front,
@@ -278,12 +288,36 @@ class ProxyServer:
             self._ready.set()
             if on_ready is not None:
                 on_ready(self)
-            await serving
+            sweeping = None if self.rollout_idle_timeout_s is None else asyncio.create_task(self._sweep_idle())
+            try:
+                await serving
+            finally:
+                if sweeping is not None:
+                    sweeping.cancel()
         finally:
             set_reward_sink(previous_sink)
             await self.store.close()
             if self._config_dir is not None:
                 shutil.rmtree(self._config_dir, ignore_errors=True)
+
+    def _open_store(self) -> SQLiteStore:
+        if self.store is None:
+            raise RuntimeError("the proxy's store is not open")
+        return self.store
+
+    async def _sweep_idle(self) -> None:
+        """Time out idle external rollouts, checking a few times per timeout (at most every 10 s)."""
+        idle = self.rollout_idle_timeout_s
+        assert idle is not None
+        while True:
+            await asyncio.sleep(min(max(idle / 4, 0.05), 10.0))
+            try:
+                expired = await self._open_store().expire_idle_rollouts(idle)
+            except StoreError as error:  # the store is busy or full: try again at the next sweep
+                logger.warning("the idle-rollout sweep failed: %s", error)
+                continue
+            if expired:
+                logger.warning("%d idle rollout attempt(s) timed out after %g s without activity", len(expired), idle)
 
     def _litellm_app(self, provider: AglProvider, recorder: CallRecorder, traces_router: APIRouter) -> Any:
         """LiteLLM's proxy app, configured to serve our models through `provider` behind the gateway, with

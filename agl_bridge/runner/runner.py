@@ -70,7 +70,8 @@ class RunnerConfig:
 
 @dataclass
 class RolloutOutcome:
-    """How one rollout ended: its final status, attempts made, rewards returned, and last error."""
+    """How one rollout ended: its final status, attempts made, rewards returned, last error, and when
+    its final status was written (the rollout's `updated_at`, epoch seconds)."""
 
     rollout_id: str
     group_id: str
@@ -79,6 +80,7 @@ class RolloutOutcome:
     attempts: int
     rewards: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    finished_at: float = 0.0
 
 
 @dataclass
@@ -164,8 +166,10 @@ class Runner:
                 or number == retry.max_attempts
             ):
                 final = RolloutStatus(result.status.value)
-                await self.store.set_rollout_status(rollout_id, final)
-                return RolloutOutcome(rollout_id, group_id, task, final, number, result.rewards, result.error)
+                ended = await self.store.set_rollout_status(rollout_id, final)
+                return RolloutOutcome(
+                    rollout_id, group_id, task, final, number, result.rewards, result.error, ended.updated_at
+                )
         raise AssertionError("unreachable: the last attempt always returns")
 
     async def _run_attempt(self, task: Any, endpoint: Endpoint) -> _AttemptResult:

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 from agl_bridge.store.base import Store
 from agl_bridge.store.errors import (
+    AttemptFinishedError,
     AttemptNotFoundError,
     DuplicateRecordError,
     InvalidTransitionError,
     RolloutNotFoundError,
     StoreClosedError,
+    StoreConflictError,
     StoreError,
     StoreSchemaError,
     StoreWriteError,
+    TaskConflictError,
 )
 from agl_bridge.store.schema import SCHEMA_VERSION
 from agl_bridge.store.sqlite import SQLiteStore
 
 __all__ = [
     "SCHEMA_VERSION",
+    "AttemptFinishedError",
     "AttemptNotFoundError",
     "DuplicateRecordError",
     "InvalidTransitionError",
@@ -25,7 +29,9 @@ __all__ = [
     "SQLiteStore",
     "Store",
     "StoreClosedError",
+    "StoreConflictError",
     "StoreError",
     "StoreSchemaError",
     "StoreWriteError",
+    "TaskConflictError",
 ]

@@ -11,6 +11,14 @@ per (rollout, attempt); records outside any rollout share one "no rollout" space
 
 `iter_rollout_records` is the read a converter uses: one rollout at a time with its attempts and
 their calls and rewards, so memory holds one rollout whatever the store holds.
+
+Every rollout the store sees is a rollout in it: the first record under a (rollout, attempt) it
+has no row for registers both as running (origin external), in the write that stores the record.
+Clients we do not launch then drive the rest of the lifecycle (`register_attempt`,
+`report_reward`, `complete_attempt`; `expire_idle_rollouts` ends what nobody finishes), and a
+follow trainer takes finished rollouts (`mark_consumed`, `release_consumed`, `change_token` + `wait_for_change`).
+Attempt ids are unique per rollout; `tests/store/test_store_contract.py` holds what every backend
+must do, parametrized by backend.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from agl_bridge.types import (
     Rollout,
     RolloutRecords,
     RolloutStatus,
+    RolloutTask,
     StoredSpan,
 )
 
@@ -77,8 +86,12 @@ class Store(Protocol):
         status: RolloutStatus | Iterable[RolloutStatus] | None = None,
         group_id: str | None = None,
         limit: int | None = None,
+        eval: bool | None = None,
+        consumed: bool | None = None,
+        created_since: float | None = None,
     ) -> list[Rollout]:
-        """Rollouts in creation order, filtered by status (one or several) and/or group."""
+        """Rollouts in creation order, filtered by status (one or several), group, eval flag, whether a
+        follow trainer took them, and creation time (at or after `created_since`)."""
         ...
 
     async def set_rollout_status(self, rollout_id: str, status: RolloutStatus) -> Rollout:
@@ -96,12 +109,67 @@ class Store(Protocol):
         *,
         error: str | None = None,
         traceback: str | None = None,
+        rollout_id: str | None = None,
     ) -> Attempt:
-        """Record a running attempt's outcome (the rollout's own status is set separately)."""
+        """Record a running attempt's outcome (the rollout's own status is set separately).
+
+        rollout_id: the attempt's rollout; needed only when several rollouts use this attempt id.
+        """
         ...
 
-    async def get_attempt(self, attempt_id: str) -> Attempt | None:
-        """The attempt with this id, or None."""
+    async def get_attempt(self, attempt_id: str, rollout_id: str | None = None) -> Attempt | None:
+        """The attempt with this id (of `rollout_id`, when given), or None."""
+        ...
+
+    # --- rollouts run by clients we do not launch -----------------------------------------------
+
+    async def register_attempt(self, rollout_id: str, attempt_id: str, task: RolloutTask | None = None) -> Rollout:
+        """Start (rollout, attempt) for an outside harness, naming its task; registered as running if new.
+
+        AttemptFinishedError if the attempt or its rollout is finished; TaskConflictError if the
+        rollout belongs to another task.
+        """
+        ...
+
+    async def complete_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        error: str | None = None,
+        task: RolloutTask | None = None,
+    ) -> Rollout:
+        """Finish an attempt (naming its task first); once none of its attempts runs, the rollout ends:
+        succeeded if any attempt succeeded, else this outcome. AttemptNotFoundError,
+        AttemptFinishedError, TaskConflictError."""
+        ...
+
+    async def report_reward(self, reward: Reward) -> int:
+        """Store a reward for a live attempt (registered if new); AttemptFinishedError if it is finished."""
+        ...
+
+    async def expire_idle_rollouts(self, idle_s: float) -> list[tuple[str, str | None]]:
+        """Time out external rollouts idle (no record or request) for `idle_s`; the (rollout, attempt)s ended."""
+        ...
+
+    async def mark_consumed(self, rollout_ids: Sequence[str], step: int) -> int:
+        """Mark rollouts as taken by a follow trainer's step `step`; returns how many were not taken yet."""
+        ...
+
+    async def release_consumed(self, after_step: int) -> int:
+        """Un-take what steps after `after_step` took (resuming from that checkpoint); returns how many."""
+        ...
+
+    async def change_token(self) -> int:
+        """A mark of the store's state now; take it before reading what `wait_for_change(since=...)` waits on."""
+        ...
+
+    async def wait_for_change(self, timeout_s: float, *, since: int | None = None, poll_s: float = 0.25) -> bool:
+        """Wait for a possible rollout or attempt change (False after `timeout_s` without one); never spins.
+
+        since: a `change_token()`; a change committed after it (even before this call) returns at once.
+        """
         ...
 
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:

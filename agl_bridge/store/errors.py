@@ -5,14 +5,17 @@ from __future__ import annotations
 from agl_bridge.types import InvalidTransitionError
 
 __all__ = [
+    "AttemptFinishedError",
     "AttemptNotFoundError",
     "DuplicateRecordError",
     "InvalidTransitionError",
     "RolloutNotFoundError",
     "StoreClosedError",
+    "StoreConflictError",
     "StoreError",
     "StoreSchemaError",
     "StoreWriteError",
+    "TaskConflictError",
 ]
 
 
@@ -61,11 +64,28 @@ class RolloutNotFoundError(StoreError, LookupError):
 
 
 class AttemptNotFoundError(StoreError, LookupError):
-    """No attempt with the given id exists in the store."""
+    """No attempt with the given id (of the given rollout, when one is named) exists in the store."""
 
-    def __init__(self, attempt_id: str) -> None:
-        super().__init__(f"no attempt {attempt_id!r} in the store; start one with start_attempt() first")
+    def __init__(self, attempt_id: str, rollout_id: str | None = None) -> None:
+        where = "" if rollout_id is None else f" of rollout {rollout_id!r}"
+        super().__init__(
+            f"no attempt {attempt_id!r}{where} in the store; an attempt exists once it started: "
+            "its first call, reward or start request registers it (start_attempt() for the runner)"
+        )
         self.attempt_id = attempt_id
+        self.rollout_id = rollout_id
+
+
+class StoreConflictError(StoreError):
+    """A request conflicts with what the store already holds (HTTP 409); the message names both."""
+
+
+class AttemptFinishedError(StoreConflictError):
+    """An attempt (or its rollout) is already finished, so it takes no reward, start or finish any more."""
+
+
+class TaskConflictError(StoreConflictError):
+    """A rollout was named for one task and is now claimed for another."""
 
 
 class DuplicateRecordError(StoreError, ValueError):

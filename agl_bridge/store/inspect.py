@@ -1,8 +1,10 @@
 """Summaries of what a store holds, for `agl-bridge inspect`: built here, rendered as rich tables or JSON.
 
 Two views:
-  - `store_overview`: one row per rollout (status, group, attempts, calls, rewards, reward sum,
-    creation time) plus the number of calls and rewards recorded outside any rollout;
+  - `store_overview`: one row per rollout (status, who started it — our runner or a client we do
+    not launch —, group, attempts, calls, rewards, reward sum, creation time) plus the number of
+    calls and rewards recorded outside any rollout. Every rollout the proxy saw has a row: its
+    first call or reward registered it;
   - `rollout_detail`: one rollout's attempts, each with its calls and rewards in sequence order.
 
 Only the public `Store` API is used, so this works for any backend. Counts come from streaming the
@@ -45,6 +47,8 @@ class RolloutRow:
     rewards: int
     reward_sum: float | None  # None when no reward was recorded: a missing reward is not a zero
     created_at: float
+    origin: str = "runner"  # who started it: "runner", or "external" (registered by its first record or request)
+    eval: bool = False  # a held-out rollout: evaluated, never trained
 
 
 @dataclass(slots=True)
@@ -201,6 +205,8 @@ def _row_of(rollout: Rollout, calls: int, rewards: int, reward_sum: float | None
         rewards=rewards,
         reward_sum=reward_sum,
         created_at=rollout.created_at,
+        origin=rollout.origin.value,
+        eval=rollout.eval,
     )
 
 
@@ -303,6 +309,7 @@ def render_overview(overview: StoreOverview) -> RenderableType:
     table = _table()
     table.add_column("rollout", overflow="fold")  # ids have no spaces: fold them in a narrow terminal
     table.add_column("status", no_wrap=True)
+    table.add_column("by", no_wrap=True)
     table.add_column("group", overflow="fold")
     for header in ("attempts", "calls", "rewards", "reward sum"):
         table.add_column(header, justify="right")
@@ -310,7 +317,8 @@ def render_overview(overview: StoreOverview) -> RenderableType:
     for row in overview.rollouts:
         table.add_row(
             _cell(row.rollout_id),
-            _cell(row.status),
+            _cell(row.status + (" (eval)" if row.eval else "")),
+            _cell(row.origin),
             _cell(row.group_id),
             _cell(row.attempts),
             _cell(row.calls),
@@ -320,7 +328,8 @@ def render_overview(overview: StoreOverview) -> RenderableType:
         )
     lines = [
         f"{_plural(len(overview.rollouts), 'rollout')} shown; {_plural(overview.calls_without_rollout, 'call')} "
-        f"and {_plural(overview.rewards_without_rollout, 'reward')} without a rollout"
+        f"and {_plural(overview.rewards_without_rollout, 'reward')} without a rollout",
+        "by: runner = created by our runner; external = registered by its first call, reward or request",
     ]
     if overview.more_rollouts:
         lines.append("more rollouts exist: raise --limit (0 shows all)")
@@ -383,7 +392,8 @@ def render_rollout_detail(detail: RolloutDetail) -> RenderableType:
         header = f"rollout {detail.rollout_id}: not registered in the store (records only)"
     else:
         header = (
-            f"rollout {row.rollout_id}: {row.status}, group {row.group_id or _DASH}, "
+            f"rollout {row.rollout_id}: {row.status}{' (eval)' if row.eval else ''}, started by {row.origin}, "
+            f"group {row.group_id or _DASH}, "
             f"{_plural(row.attempts, 'attempt')}, {_plural(row.calls, 'call')}, {_plural(row.rewards, 'reward')}, "
             f"reward sum {_number(row.reward_sum)}, "
             f"created {_when(row.created_at)}\ntask: {_preview_json(detail.task)}"

@@ -13,6 +13,14 @@ Layout notes:
   - `spans` holds every other span received (agent, tool and framework spans), in the same
     sequence space as the calls and rewards of its (rollout, attempt). Its `span_id` is NOT NULL,
     yet its unique index is partial like the others so one upsert clause fits all three tables.
+  - Every record under a (rollout, attempt) the store has no row for registers that rollout and
+    attempt as running (`origin` 'external') in the transaction that writes it, so every rollout
+    the proxy saw is listed (version 2). Attempt ids are unique per rollout, not store-wide: an
+    outside harness may name every rollout's attempt "0". `sequences.touched_at` is when a record
+    last arrived under that key: the idle timeout reads it, at no extra statement per record.
+  - `consumed_step` marks the rollouts a follow trainer took (partial index: the few not yet taken).
+
+Version 1 files are upgraded in place when a writer opens them (`_upgrade_from_1`).
 """
 
 from __future__ import annotations
@@ -20,10 +28,29 @@ from __future__ import annotations
 import sqlite3
 import time
 
-SCHEMA_VERSION = 1
+from agl_bridge.store.sqlite_rollouts import register_key
+
+SCHEMA_VERSION = 2
 """Bump when the layout changes; files of another version are refused with StoreSchemaError."""
 
 VERSION_TABLE = "agl_schema_version"
+
+_ATTEMPTS_DDL = """
+CREATE TABLE attempts (
+    rollout_id TEXT NOT NULL REFERENCES rollouts(rollout_id),
+    attempt_id TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    error TEXT,
+    traceback TEXT,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    PRIMARY KEY (rollout_id, attempt_id),
+    UNIQUE (rollout_id, number)
+);
+CREATE INDEX attempts_id ON attempts(attempt_id);
+CREATE INDEX attempts_running ON attempts(rollout_id) WHERE status = 'running'
+"""
 
 _DDL = f"""
 CREATE TABLE {VERSION_TABLE} (
@@ -40,27 +67,22 @@ CREATE TABLE rollouts (
     metadata TEXT NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    origin TEXT NOT NULL DEFAULT 'runner',
+    eval INTEGER NOT NULL DEFAULT 0,
+    consumed_step INTEGER
 );
 CREATE INDEX rollouts_status ON rollouts(status);
 CREATE INDEX rollouts_group ON rollouts(group_id);
+CREATE INDEX rollouts_unconsumed ON rollouts(created_at) WHERE consumed_step IS NULL;
 
-CREATE TABLE attempts (
-    attempt_id TEXT PRIMARY KEY,
-    rollout_id TEXT NOT NULL REFERENCES rollouts(rollout_id),
-    number INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    error TEXT,
-    traceback TEXT,
-    started_at REAL NOT NULL,
-    ended_at REAL,
-    UNIQUE (rollout_id, number)
-);
+{_ATTEMPTS_DDL};
 
 CREATE TABLE sequences (
     rollout_key TEXT NOT NULL,
     attempt_key TEXT NOT NULL,
     next INTEGER NOT NULL,
+    touched_at REAL,
     PRIMARY KEY (rollout_key, attempt_key)
 ) WITHOUT ROWID;
 
@@ -151,6 +173,8 @@ def ensure_schema(conn: sqlite3.Connection, path: str, created_by: str) -> None:
                 f"INSERT INTO {VERSION_TABLE} (version, created_at, created_by) VALUES (?, ?, ?)",
                 (SCHEMA_VERSION, time.time(), created_by),
             )
+        elif _stored_version(conn, tables) == 1:
+            _upgrade_from_1(conn, created_by)
         else:
             _check_version(conn, path, tables)
         conn.execute("COMMIT")
@@ -158,6 +182,39 @@ def ensure_schema(conn: sqlite3.Connection, path: str, created_by: str) -> None:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def _stored_version(conn: sqlite3.Connection, tables: set[str]) -> int | None:
+    if VERSION_TABLE not in tables:
+        return None
+    row = conn.execute(f"SELECT version FROM {VERSION_TABLE}").fetchone()
+    return None if row is None else int(row[0])
+
+
+def _upgrade_from_1(conn: sqlite3.Connection, created_by: str) -> None:
+    """Version 1 → 2 inside the caller's transaction: the new columns, attempts keyed per rollout,
+    and every (rollout, attempt) that has records but no row registered, as version 2 would have."""
+    for statement in (
+        "ALTER TABLE rollouts ADD COLUMN origin TEXT NOT NULL DEFAULT 'runner'",
+        "ALTER TABLE rollouts ADD COLUMN eval INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE rollouts ADD COLUMN consumed_step INTEGER",
+        "CREATE INDEX rollouts_unconsumed ON rollouts(created_at) WHERE consumed_step IS NULL",
+        "ALTER TABLE sequences ADD COLUMN touched_at REAL",
+        "ALTER TABLE attempts RENAME TO attempts_v1",
+        *(part for part in _ATTEMPTS_DDL.split(";") if part.strip()),
+        "INSERT INTO attempts (rollout_id, attempt_id, number, status, error, traceback, started_at, ended_at) "
+        "SELECT rollout_id, attempt_id, number, status, error, traceback, started_at, ended_at FROM attempts_v1",
+        "DROP TABLE attempts_v1",
+    ):
+        conn.execute(statement)
+    now = time.time()
+    for rollout_key, attempt_key in conn.execute(
+        "SELECT rollout_key, attempt_key FROM sequences WHERE rollout_key != ''"
+    ).fetchall():
+        register_key(conn, rollout_key, attempt_key, now)
+    conn.execute(
+        f"UPDATE {VERSION_TABLE} SET version = ?, created_by = created_by || ?", (2, f"; upgraded to 2 by {created_by}")
+    )
 
 
 def check_schema(conn: sqlite3.Connection, path: str) -> None:

@@ -65,7 +65,7 @@ from agl_bridge.store.sqlite_rows import (
     encode_span_rest,
     key_of,
 )
-from agl_bridge.store.sqlite_writer import FuncOp, RecordOp, SequenceOp, SQLiteWriter, WriteOp
+from agl_bridge.store.sqlite_writer import FuncOp, RecordOp, SequenceOp, SQLiteWriter, WriteOp, change_waiter
 from agl_bridge.types import (
     Attempt,
     AttemptStatus,
@@ -74,6 +74,7 @@ from agl_bridge.types import (
     Rollout,
     RolloutRecords,
     RolloutStatus,
+    RolloutTask,
     StoredSpan,
 )
 
@@ -237,10 +238,22 @@ class SQLiteStore:
         status: RolloutStatus | Iterable[RolloutStatus] | None = None,
         group_id: str | None = None,
         limit: int | None = None,
+        eval: bool | None = None,
+        consumed: bool | None = None,
+        created_since: float | None = None,
     ) -> list[Rollout]:
-        """Rollouts in creation order, filtered by status (one or several) and/or group."""
+        """Rollouts in creation order, filtered by status (one or several), group, eval flag, whether a
+        follow trainer took them, and creation time (at or after `created_since`)."""
         clauses: list[str] = []
         params: list[Any] = []
+        if eval is not None:
+            clauses.append("eval = ?")
+            params.append(int(eval))
+        if consumed is not None:
+            clauses.append("consumed_step IS NOT NULL" if consumed else "consumed_step IS NULL")
+        if created_since is not None:
+            clauses.append("created_at >= ?")
+            params.append(float(created_since))
         if status is not None:
             statuses = [status] if isinstance(status, (str, RolloutStatus)) else list(status)
             values = [RolloutStatus(s).value for s in statuses]
@@ -285,27 +298,145 @@ class SQLiteStore:
         *,
         error: str | None = None,
         traceback: str | None = None,
+        rollout_id: str | None = None,
     ) -> Attempt:
-        """Record a running attempt's outcome and error text; the rollout's status is set separately."""
-        status = AttemptStatus(status)
-        if not status.is_final:
-            raise ValueError(
-                f"finish_attempt needs a final status (succeeded, failed or timed_out), got {status.value!r}"
-            )
+        """Record a running attempt's outcome and error text; the rollout's status is set separately.
+
+        rollout_id: the attempt's rollout; needed only when several rollouts use this attempt id.
+        """
         fn = partial(
             sqlite_rollouts.finish_attempt,
             attempt_id=attempt_id,
-            status=status,
+            status=_final_status(status, "finish_attempt"),
             error=error,
             traceback=traceback,
+            now=time.time(),
+            rollout_id=rollout_id,
+        )
+        return await self._submit(FuncOp(fn))
+
+    async def get_attempt(self, attempt_id: str, rollout_id: str | None = None) -> Attempt | None:
+        """The attempt with this id (of `rollout_id`, when given), or None."""
+        if rollout_id is None:
+            rows = await self._fetch(f"SELECT {ATTEMPT_SELECT} FROM attempts WHERE attempt_id = ?", (attempt_id,))
+        else:
+            rows = await self._fetch(
+                f"SELECT {ATTEMPT_SELECT} FROM attempts WHERE rollout_id = ? AND attempt_id = ?",
+                (rollout_id, attempt_id),
+            )
+        return decode_attempt(rows[0]) if rows else None
+
+    # --- rollouts run by clients we do not launch -----------------------------------------------
+
+    async def register_attempt(self, rollout_id: str, attempt_id: str, task: RolloutTask | None = None) -> Rollout:
+        """Start (rollout, attempt) for an outside harness, naming its task; the rollout as it now is.
+
+        Registers both as running if new (origin external). AttemptFinishedError if the attempt or
+        its rollout is finished; TaskConflictError if the rollout belongs to another task.
+        """
+        _check_ids(rollout_id, attempt_id)
+        fn = partial(sqlite_rollouts.register_attempt, rollout_id=rollout_id, attempt_id=attempt_id, task=task)
+        return await self._submit(FuncOp(partial(fn, now=time.time())))
+
+    async def complete_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        error: str | None = None,
+        task: RolloutTask | None = None,
+    ) -> Rollout:
+        """Finish an attempt with its outcome (naming its task first); its rollout ends with its last attempt.
+
+        The rollout becomes succeeded if any of its attempts succeeded, else this outcome, once
+        none of its attempts is running. AttemptNotFoundError for an unknown (rollout, attempt),
+        AttemptFinishedError for a finished one, TaskConflictError for another task.
+        """
+        _check_ids(rollout_id, attempt_id)
+        fn = partial(
+            sqlite_rollouts.complete_attempt,
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            status=_final_status(status, "complete_attempt"),
+            error=error,
+            task=task,
             now=time.time(),
         )
         return await self._submit(FuncOp(fn))
 
-    async def get_attempt(self, attempt_id: str) -> Attempt | None:
-        """The attempt with this id, or None."""
-        rows = await self._fetch(f"SELECT {ATTEMPT_SELECT} FROM attempts WHERE attempt_id = ?", (attempt_id,))
-        return decode_attempt(rows[0]) if rows else None
+    async def report_reward(self, reward: Reward) -> int:
+        """Durably store a reward a client reports for a live attempt; returns its sequence.
+
+        As `add_reward` (a new (rollout, attempt) is registered), but a reward for a finished attempt
+        or rollout is refused with AttemptFinishedError instead of stored: it would train nothing.
+        """
+        if reward.rollout_id is None or reward.attempt_id is None:
+            raise ValueError("report_reward needs the reward's rollout_id and attempt_id")
+        op = _reward_op(reward)
+        op.live_attempt = True
+        return await self._submit(op)
+
+    async def expire_idle_rollouts(self, idle_s: float) -> list[tuple[str, str | None]]:
+        """Time out external rollouts with no call, reward or request for `idle_s` seconds.
+
+        Their running attempts become timed_out (error text naming the timeout), their rollouts
+        timed_out (or succeeded, if another attempt succeeded). Returns the (rollout, attempt) pairs
+        timed out (attempt None: a rollout with records outside any attempt only).
+        """
+        if not idle_s > 0:
+            raise ValueError(f"idle_s must be > 0, got {idle_s!r}")
+        now = time.time()
+        error = f"no call, reward or request for {idle_s:g} s (the rollout idle timeout); it will never train"
+        fn = partial(sqlite_rollouts.expire_idle, cutoff=now - idle_s, now=now, error=error)
+        return await self._submit(FuncOp(fn))
+
+    async def mark_consumed(self, rollout_ids: Sequence[str], step: int) -> int:
+        """Mark rollouts as taken by a follow trainer's step `step` (not those taken already); returns how many."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        ids = list(rollout_ids)
+        return await self._submit(FuncOp(partial(sqlite_rollouts.mark_consumed, rollout_ids=ids, step=step)))
+
+    async def release_consumed(self, after_step: int) -> int:
+        """Un-take what steps after `after_step` took (resuming from that step's checkpoint); returns how many."""
+        return await self._submit(FuncOp(partial(sqlite_rollouts.release_consumed, after_step=after_step)))
+
+    async def change_token(self) -> int:
+        """A mark of the store's state now, for `wait_for_change(since=...)`: take it before reading."""
+        return await self._data_version()
+
+    async def wait_for_change(self, timeout_s: float, *, since: int | None = None, poll_s: float = 0.25) -> bool:
+        """Wait until a rollout or attempt may have changed; False once `timeout_s` passed without a sign.
+
+        since: a `change_token()` taken before the caller read the state it waits to see change; a
+        change committed after it returns at once (without it, only changes after this call count,
+        and one committed between the caller's read and this call is missed until `timeout_s`).
+        A state change committed by a store object of this process on the same file wakes the
+        waiter at once; writes of other processes are noticed within `poll_s` (SQLite's
+        `data_version` of the reading connection, which any other connection's commit moves:
+        records too). Never spins.
+        """
+        deadline = time.monotonic() + timeout_s
+        with change_waiter(self.path) as changed:  # registered before the check: no change falls in between
+            seen = await self._data_version()
+            if since is not None and seen != since:
+                return True
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(changed.wait(), min(poll_s, left))
+                    return True
+                except TimeoutError:
+                    pass
+                if await self._data_version() != seen:
+                    return True
+
+    async def _data_version(self) -> int:
+        rows = await self._fetch("PRAGMA data_version", ())
+        return int(rows[0][0])
 
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:
         """A rollout's attempts, first to last."""
@@ -635,6 +766,22 @@ def new_id(prefix: str) -> str:
             _id_count += 1
         stamp = f"{_id_last_ms:012x}{_id_count:04x}"
     return f"{prefix}-{stamp}{secrets.token_hex(4)}"
+
+
+def _check_ids(rollout_id: str, attempt_id: str) -> None:
+    for name, value in (("rollout_id", rollout_id), ("attempt_id", attempt_id)):
+        if not isinstance(value, str) or not _ID_PATTERN.fullmatch(value):
+            raise ValueError(
+                f"{name} must be 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit; "
+                f"got {value!r}"
+            )
+
+
+def _final_status(status: AttemptStatus | str, method: str) -> AttemptStatus:
+    final = AttemptStatus(status)
+    if not final.is_final:
+        raise ValueError(f"{method} needs a final status (succeeded, failed or timed_out), got {final.value!r}")
+    return final
 
 
 def _leading_key(rollout_id: str | None, attempt_id: str | None) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from agl_bridge.types import (
     LLMCall,
     Reward,
     Rollout,
+    RolloutOrigin,
     RolloutStatus,
     StoredSpan,
     Usage,
@@ -102,6 +103,9 @@ ROLLOUT_COLUMNS: tuple[str, ...] = (
     "attempts",
     "created_at",
     "updated_at",
+    "origin",
+    "eval",
+    "consumed_step",
 )
 ROLLOUT_SELECT = ", ".join(ROLLOUT_COLUMNS)
 
@@ -327,7 +331,7 @@ def decode_span(row: Sequence[Any]) -> StoredSpan:
 
 def decode_rollout(row: Sequence[Any]) -> Rollout:
     """Build a Rollout from a row selected with ROLLOUT_SELECT."""
-    rollout_id, group_id, status, task, metadata, attempts, created_at, updated_at = row
+    rollout_id, group_id, status, task, metadata, attempts, created_at, updated_at, origin, is_eval, consumed = row
     return Rollout(
         rollout_id=rollout_id,
         group_id=group_id,
@@ -337,6 +341,9 @@ def decode_rollout(row: Sequence[Any]) -> Rollout:
         attempts=attempts,
         created_at=created_at,
         updated_at=updated_at,
+        origin=RolloutOrigin(origin),
+        eval=bool(is_eval),
+        consumed_step=consumed,
     )
 
 

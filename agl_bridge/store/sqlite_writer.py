@@ -3,8 +3,11 @@
 `SQLiteWriter` is used only from the store's single writer thread (`GroupCommitter` runs it). A batch
 is applied as: BEGIN IMMEDIATE → state-machine operations (each in a SAVEPOINT, so one illegal
 transition fails only its own caller) → sequence allocation (one SELECT of the counters of every
-(rollout, attempt) in the batch, one executemany writing them back) → one executemany per record
-table (LLM calls, rewards, generic spans) → COMMIT. If SQLite itself fails (disk full, file
+(rollout, attempt) in the batch, one executemany writing them back with the time; a key that had no
+counter yet is a (rollout, attempt) seen for the first time, registered as running if the store
+has no row for it) → one executemany per record table (LLM calls, rewards, generic spans) → COMMIT.
+A batch that changed rollout or attempt state then wakes `wait_for_change` waiters in this process.
+If SQLite itself fails (disk full, file
 locked past the busy timeout, I/O error) the whole transaction is rolled back and every operation
 in the batch fails with `StoreWriteError`; SQLite's journal guarantees the file is never left
 half-written.
@@ -12,15 +15,26 @@ half-written.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import sqlite3
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agl_bridge.store.errors import DuplicateRecordError, StoreError, StoreSchemaError, StoreWriteError
+from agl_bridge.store.errors import (
+    AttemptFinishedError,
+    DuplicateRecordError,
+    StoreError,
+    StoreSchemaError,
+    StoreWriteError,
+)
 from agl_bridge.store.group_commit import Failure
 from agl_bridge.store.schema import SchemaMismatch, ensure_schema
+from agl_bridge.store.sqlite_rollouts import check_open, register_key
 from agl_bridge.store.sqlite_rows import LLM_CALL_COLUMNS, REWARD_COLUMNS, SPAN_COLUMNS
 
 SYNCHRONOUS_MODES = ("NORMAL", "FULL")
@@ -33,7 +47,10 @@ RecordTable = Literal["llm_calls", "rewards", "spans"]
 
 @dataclass(slots=True)
 class RecordOp:
-    """Insert one encoded record into `table`; `sequence` None means "allocate one"."""
+    """Insert one encoded record into `table`; `sequence` None means "allocate one".
+
+    `live_attempt`: refuse it (AttemptFinishedError) when its attempt or rollout is finished.
+    """
 
     table: RecordTable
     rollout_key: str
@@ -41,6 +58,7 @@ class RecordOp:
     sequence: int | None
     span_id: str | None
     rest: tuple[Any, ...]
+    live_attempt: bool = False
 
 
 @dataclass(slots=True)
@@ -78,9 +96,10 @@ _INSERTS: dict[str, str] = {
 }
 _RECORD_NAMES = {"llm_calls": "LLM call", "rewards": "reward", "spans": "span"}
 _WRITE_COUNTER = (
-    "INSERT INTO sequences (rollout_key, attempt_key, next) VALUES (?, ?, ?) "
-    "ON CONFLICT (rollout_key, attempt_key) DO UPDATE SET next = excluded.next"
+    "INSERT INTO sequences (rollout_key, attempt_key, next, touched_at) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (rollout_key, attempt_key) DO UPDATE SET next = excluded.next, touched_at = excluded.touched_at"
 )
+_REFUSED_REWARD = "it takes no more rewards: report rewards before finishing the attempt"
 _COUNTER_CHUNK = 256
 
 
@@ -187,13 +206,18 @@ class SQLiteWriter:
             conn.execute("BEGIN IMMEDIATE")
             records: list[int] = []
             sequenced: list[int] = []
+            changed = False
             for index, op in enumerate(ops):
                 if type(op) is RecordOp:
+                    if op.live_attempt and (refused := _refusal(conn, op)) is not None:
+                        outcomes[index] = refused
+                        continue
                     records.append(index)
                     sequenced.append(index)
                 elif type(op) is SequenceOp:
                     sequenced.append(index)
                 else:
+                    changed = True
                     outcomes[index] = self._apply_func(conn, op)  # type: ignore[arg-type]
             if sequenced:
                 self._assign_sequences(conn, ops, sequenced)
@@ -208,6 +232,8 @@ class SQLiteWriter:
         except BaseException:
             self._rollback(conn)
             raise
+        if changed:
+            notify_change(self.path)
         return outcomes
 
     @staticmethod
@@ -253,10 +279,16 @@ class SQLiteWriter:
         current = _read_counters(conn, list(needs))
         starts: dict[tuple[str, str], int] = {}
         updates = []
+        now = time.time()
         for key, (floor, count) in needs.items():
-            start = max(current.get(key, 0), floor)
+            start = current.get(key)
+            if start is None:
+                start = 0
+                if key[0]:  # the first record under this (rollout, attempt): make the rollout visible
+                    register_key(conn, key[0], key[1], now)
+            start = max(start, floor)
             starts[key] = start
-            updates.append((key[0], key[1], start + count))
+            updates.append((key[0], key[1], start + count, now))
         conn.executemany(_WRITE_COUNTER, updates)
         for index in sequenced:
             op = ops[index]
@@ -312,6 +344,47 @@ class SQLiteWriter:
         # The same span was stored before: report the sequence it was stored under.
         (sequence,) = conn.execute(f"SELECT sequence FROM {table} WHERE span_id = ?", (op.span_id,)).fetchone()
         return sequence
+
+
+def _refusal(conn: sqlite3.Connection, op: RecordOp) -> Failure | None:
+    """A live-attempt record's refusal when its attempt or rollout is finished, else None."""
+    try:
+        check_open(conn, op.rollout_key, op.attempt_key, _REFUSED_REWARD)
+    except AttemptFinishedError as error:
+        return Failure(error)
+    return None
+
+
+_waiters_lock = threading.Lock()
+_waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+
+
+def change_key(path: str) -> str:
+    """The key under which the writers of one store file (in this process) announce state changes."""
+    return os.path.realpath(path)
+
+
+@contextlib.contextmanager
+def change_waiter(path: str) -> Iterator[asyncio.Event]:
+    """An event set (on the caller's loop) whenever a writer of `path` in this process commits a state change."""
+    entry = (asyncio.get_running_loop(), asyncio.Event())
+    key = change_key(path)
+    with _waiters_lock:
+        _waiters.setdefault(key, set()).add(entry)
+    try:
+        yield entry[1]
+    finally:
+        with _waiters_lock:
+            _waiters[key].discard(entry)
+
+
+def notify_change(path: str) -> None:
+    """Wake every `change_waiter` of `path` (called on the writer thread after a commit)."""
+    with _waiters_lock:
+        waiting = list(_waiters.get(change_key(path), ()))
+    for loop, event in waiting:
+        with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
+            loop.call_soon_threadsafe(event.set)
 
 
 def _create_private_file(path: str) -> None:

@@ -2,6 +2,7 @@
 
   - `context`: `RolloutContext`, `rollout_context(...)`, `current_rollout()`;
   - `rewards`: `emit_reward` / `emit_reward_async`, `set_reward_sink`;
+  - `lifecycle`: `start_rollout` / `finish_rollout` for harnesses we do not launch (HTTP to the proxy);
   - `sinks`: `StoreSink` (store in this process), `RemoteSink` (OTLP/HTTP to the proxy);
   - `otlp`: OTLP protobuf/JSON → `Reward` / `StoredSpan` records;
   - `receiver`: `make_traces_router(store)`, the FastAPI router for `POST /v1/traces`;
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agl_bridge.tracing.context import RolloutContext, current_rollout, rollout_context
+from agl_bridge.tracing.lifecycle import LifecycleError, finish_rollout, start_rollout
 from agl_bridge.tracing.otlp import DecodedSpan, OTLPDecodeError, decode_export_request
 from agl_bridge.tracing.rewards import (
     NoRolloutError,
@@ -52,6 +54,7 @@ __all__ = [
     "AgentTracing",
     "AttributeStampingSpanProcessor",
     "DecodedSpan",
+    "LifecycleError",
     "NoRolloutError",
     "OTLPDecodeError",
     "RemoteSink",
@@ -64,8 +67,10 @@ __all__ = [
     "decode_export_request",
     "emit_reward",
     "emit_reward_async",
+    "finish_rollout",
     "get_reward_sink",
     "make_traces_router",
     "rollout_context",
     "set_reward_sink",
+    "start_rollout",
 ]

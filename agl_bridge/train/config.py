@@ -46,9 +46,35 @@ class WarmStartConfig:
 
 
 @dataclass
+class FollowConfig:
+    """The follow mode (`mode = "follow"`): the trainer runs no agent; an outside harness sends rollouts.
+
+    Groups: the rollouts of one task (the `task_id` the harness names) form a GRPO group; a group
+    is complete once `group_size` of its rollouts finished, or, with `group_timeout_s`, once that
+    long has passed since its first finished with at least `min_group_size` finished. Each step
+    takes `batch_size` complete groups.
+    store: attach to the store an existing `agl-bridge serve` records into (its weights then go to
+      that server: `sampler = "remote"`, `sampler_urls = [its URL]`); unset: the trainer serves the
+      proxy itself on host:port, recording into run_dir/store.sqlite.
+    rollout_idle_timeout_s: when the trainer serves, time out rollouts nobody finishes.
+    wait_report_s: how often a trainer that waits says so (and what it has).
+    """
+
+    store: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 4000
+    api_key: str | None = None
+    min_group_size: int = 2
+    group_timeout_s: float | None = None
+    rollout_idle_timeout_s: float | None = None
+    wait_report_s: float = 30.0
+
+
+@dataclass
 class GRPOConfig:
     """Everything a GRPO run needs; see docs/training.md for each field's meaning."""
 
+    mode: Literal["online", "follow"] = "online"
     agent: str | list[str] = ""
     tasks: str = ""
     eval_tasks: str | None = None
@@ -88,6 +114,7 @@ class GRPOConfig:
     tensorboard: bool = True
     wandb_project: str | None = None
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    follow: FollowConfig = field(default_factory=FollowConfig)
     # The sampler keys: SamplerSpec describes them (defaults, checks, help); sampler_spec() maps them onto it.
     sampler: str = SamplerSpec.kind
     sampler_urls: list[str] = field(default_factory=list)
@@ -151,6 +178,7 @@ class GRPOConfig:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.warm_start.steps < 0:
             raise ConfigError(f"warm_start.steps must be >= 0, got {self.warm_start.steps}")
+        self._validate_follow()
         if self.litellm_config is not None:
             from agl_bridge.proxy.server import ProxyStartError, litellm_config
 
@@ -158,6 +186,32 @@ class GRPOConfig:
                 litellm_config([], "check", Path(self.litellm_config))
             except ProxyStartError as error:
                 raise ConfigError(f"litellm_config: {error}") from None
+
+    def _validate_follow(self) -> None:
+        follow = self.follow
+        if self.mode not in ("online", "follow"):
+            raise ConfigError(f'mode must be "online" (the trainer runs the agent) or "follow", got {self.mode!r}')
+        if self.mode != "follow":
+            return
+        if self.offline_data:
+            raise ConfigError('offline_data trains on recorded data; it cannot be combined with mode = "follow"')
+        if follow.store is not None and self.sampler == "hf":
+            raise ConfigError(
+                "follow.store attaches to an agl-bridge serve, whose weights the trainer must update: set "
+                'sampler = "remote" and sampler_urls = [that server\'s URL] (the in-process hf sampler needs the '
+                "trainer to serve: leave follow.store unset)"
+            )
+        if not 1 <= follow.min_group_size <= self.group_size:
+            raise ConfigError(
+                f"follow.min_group_size must be between 1 and group_size ({self.group_size}), got "
+                f"{follow.min_group_size}"
+            )
+        for name in ("group_timeout_s", "rollout_idle_timeout_s", "wait_report_s"):
+            value = getattr(follow, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"follow.{name} must be > 0 seconds, got {value!r}")
+        if not 0 <= follow.port <= 65535:
+            raise ConfigError(f"follow.port must be a port number (0 picks a free one), got {follow.port}")
 
     def sampler_spec(self) -> SamplerSpec:
         """The sampler this run samples with: its `sampler*` keys, adapters under run_dir unless
@@ -200,6 +254,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GR
         value = merged.get(name)
         if isinstance(value, str) and value and not Path(value).is_absolute():
             merged[name] = str(base / value)  # before validation, which may read the file
+    follow = merged.get("follow")
+    if isinstance(follow, dict) and isinstance(follow.get("store"), str) and not Path(follow["store"]).is_absolute():
+        merged["follow"] = {**follow, "store": str(base / follow["store"])}
     return config_from_dict(merged, where=str(path))
 
 
@@ -214,21 +271,26 @@ def config_from_dict(raw: dict[str, Any], *, where: str = "config") -> GRPOConfi
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
     values = dict(raw)
     _check_types(values, GRPOConfig, where)
-    if "warm_start" in values and not isinstance(values["warm_start"], (dict, WarmStartConfig)):
-        raise ConfigError(
-            f"{where}: warm_start must be a table of settings (data, steps, ...), got {values['warm_start']!r}"
-        )
-    if isinstance(values.get("warm_start"), dict):
-        _check_types(values["warm_start"], WarmStartConfig, f"{where}: warm_start")
-        warm = values["warm_start"]
-        warm_known = {f.name for f in dataclasses.fields(WarmStartConfig)}
-        bad = sorted(set(warm) - warm_known)
-        if bad:
-            raise ConfigError(f"{where}: unknown key 'warm_start.{bad[0]}'; known: {', '.join(sorted(warm_known))}")
-        values["warm_start"] = WarmStartConfig(**warm)
+    for name, table in (("warm_start", WarmStartConfig), ("follow", FollowConfig)):
+        if name in values:
+            values[name] = _table(values[name], name, table, where)
     config = GRPOConfig(**values)
     config.validate()
     return config
+
+
+def _table(value: Any, name: str, table: type, where: str) -> Any:
+    """A nested settings table (warm_start, follow) built from a mapping, its keys and types checked by name."""
+    if isinstance(value, table):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: {name} must be a table of settings, got {value!r}")
+    known = {f.name for f in dataclasses.fields(table)}
+    bad = sorted(set(value) - known)
+    if bad:
+        raise ConfigError(f"{where}: unknown key '{name}.{bad[0]}'; known: {', '.join(sorted(known))}")
+    _check_types(value, table, f"{where}: {name}")
+    return table(**value)
 
 
 _WANTED: dict[str, tuple[str, Any]] = {

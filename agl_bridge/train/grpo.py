@@ -1,8 +1,9 @@
 """Online GRPO: an unmodified agent, run through the proxy, trained on its own exact tokens.
 
 `GRPOTrainer(config, agent=..., tasks=...).run()` is the entry point of every training mode: with
-`offline_data` it runs offline GRPO (`offline.py`), otherwise the online loop below, which reads top
-to bottom. Each step:
+`offline_data` it runs offline GRPO (`offline.py`), with `mode = "follow"` it trains on the rollouts
+an outside harness sends (`follow.py`), otherwise the online loop below, which reads top to bottom.
+Each step:
 
 1. sample — `batch_size` tasks × `group_size` rollouts through the runner and the in-process proxy;
 2. convert — the store's calls and rewards of those rollouts become trajectories;
@@ -35,7 +36,6 @@ from typing import Any
 from agl_bridge.convert import ConversionReport, convert_store
 from agl_bridge.convert.policy import ConvertOptions, weighted_return
 from agl_bridge.errors import ConfigError
-from agl_bridge.models.loading import load_tokenizer, resolve_model_path, served_model_name
 from agl_bridge.proxy.server import ProxyServer
 from agl_bridge.runner import (
     AgentCommand,
@@ -49,15 +49,16 @@ from agl_bridge.runner import (
 )
 from agl_bridge.runner.recovery import fail_interrupted
 from agl_bridge.runner.runner import AgentFunction
-from agl_bridge.sampler.factory import build_sampler
 from agl_bridge.store.sqlite import SQLiteStore
 from agl_bridge.train.advantages import datums_for, group_advantages
 from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig, config_to_dict
+from agl_bridge.train.follow import train_follow
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
-from agl_bridge.train.metrics import reward_stats
+from agl_bridge.train.metrics import reward_stats, step_times
 from agl_bridge.train.offline import train_offline
 from agl_bridge.train.plot import plot_run
+from agl_bridge.train.policy import open_policy
 from agl_bridge.train.run_log import RunLog, RunSummary, format_reward, step_line
 from agl_bridge.train.step import grpo_settings, train_step
 from agl_bridge.train.warm_start import load_pairs, warm_start
@@ -84,6 +85,11 @@ class GRPOTrainer:
         self.config = config
         self.run_dir = Path(config.run_dir)
         self._log = log
+        if config.mode == "follow":
+            self.warm_start_pairs = (
+                list(warm_start_pairs) if warm_start_pairs is not None else load_pairs(config.warm_start.data)
+            )
+            return
         if config.offline_data:
             if not Path(config.offline_data).is_file():
                 raise ConfigError(
@@ -120,7 +126,10 @@ class GRPOTrainer:
         try:
             if self.config.offline_data:
                 return train_offline(self.config, log, resume=resume)
-            summary = self._train_online(log, resume=resume)
+            if self.config.mode == "follow":
+                summary = train_follow(self.config, log, resume=resume, warm_start_pairs=self.warm_start_pairs)
+            else:
+                summary = self._train_online(log, resume=resume)
         finally:
             if self._log is None:
                 log.close()
@@ -134,20 +143,8 @@ class GRPOTrainer:
         """Set up the sampler, the training client and the proxy; run the loop; tear them down."""
         started = time.monotonic()
         config = self.config
-        model_path = resolve_model_path(config.model)
-        tokenizer = load_tokenizer(model_path)
-        name = served_model_name(config.model)
-        # hf: merged in place in this process; remote / vllm: adapters written to adapter_dir and loaded by name.
-        sampler = build_sampler(config.sampler_spec(), model_path, tokenizer, served_name=name)
-        client = TrainingClient(
-            model_path,
-            lora_rank=config.lora_rank,
-            lora_alpha=config.lora_alpha,
-            train_unembedding=config.train_unembedding,
-            seed=config.seed,
-            sampler=sampler,
-            max_batch_tokens=config.max_batch_tokens,
-        )
+        policy = open_policy(config)
+        client, sampler, tokenizer, name = policy.client, policy.sampler, policy.tokenizer, policy.name
         state = resume_latest(client, self.run_dir, config.seed, log) if resume else None
         proxy = ProxyServer(
             sampler=sampler,
@@ -165,8 +162,7 @@ class GRPOTrainer:
             summary.wall_time_s = time.monotonic() - started
         finally:
             proxy.stop()
-            client.close()
-            sampler.close()
+            policy.close()
         return summary
 
     async def _loop(
@@ -232,6 +228,7 @@ class GRPOTrainer:
                         assert client.sampler is not None  # the online run gives the client its sampler
                         version = client.sampler.policy_version
                     t4 = time.perf_counter()
+                    weights_at = time.time()
                     # log
                     record: dict[str, Any] = {
                         "phase": "train",
@@ -249,11 +246,9 @@ class GRPOTrainer:
                         "groups_zero_variance": batch.groups_dropped_zero_variance,
                         "datums": len(datums),
                         **metrics,
-                        "time_sample_s": round(t1 - t0, 4),
-                        "time_convert_s": round(t2 - t1, 4),
-                        "time_train_s": round(t3 - t2, 4),
-                        "time_sync_s": round(t4 - t3, 4),
-                        "time_step_s": round(t4 - t0, 4),
+                        **step_times(
+                            (t0, t1, t2, t3, t4), max((o.finished_at for o in outcomes), default=None), weights_at
+                        ),
                         # the share of the step spent neither sampling nor in forward/backward + optim_step
                         "overhead_share": round(
                             ((t4 - t0) - (t1 - t0) - metrics["time_forward_backward_s"]) / max(t4 - t0, 1e-9), 4

@@ -24,15 +24,24 @@ LOOP_STATE = "grpo_state.json"
 
 
 def save_checkpoint(
-    client: TrainingClient, run_dir: Path, next_step: int, eval_start: float | None, seed: int, log: RunLog
+    client: TrainingClient,
+    run_dir: Path,
+    next_step: int,
+    eval_start: float | None,
+    seed: int,
+    log: RunLog,
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """Save the client state and the loop position as `run_dir/checkpoints/step_<next_step>`."""
+    """Save the client state and the loop position as `run_dir/checkpoints/step_<next_step>`.
+
+    `extra`: more of a loop's position, JSON-able (the follow loop's policy version and start time).
+    """
     path = run_dir / CHECKPOINTS / f"step_{next_step:06d}"
     client.save_state(path)
     # Written to a temporary name and renamed: a kill mid-write must not leave a torn state file
     # that --resume would pick as the latest checkpoint.
     partial = path / f"{LOOP_STATE}.partial"
-    partial.write_text(json.dumps({"next_step": next_step, "eval_start": eval_start, "seed": seed}))
+    partial.write_text(json.dumps({**(extra or {}), "next_step": next_step, "eval_start": eval_start, "seed": seed}))
     os.replace(partial, path / LOOP_STATE)
     log.say(f"checkpoint {path}")
 

@@ -112,3 +112,20 @@ def reward_stats(trajectories: list[Trajectory]) -> dict[str, Any]:
     for name in names:
         stats[f"reward_{name}_mean"] = statistics.fmean(t.rewards.get(name, 0.0) for t in trajectories)
     return stats
+
+
+def step_times(
+    marks: tuple[float, float, float, float, float], last_finished_at: float | None, weights_at: float
+) -> dict[str, Any]:
+    """A training step's timings from its five `perf_counter` marks (start, sampled, converted, trained,
+    synced), and `time_to_weights_s`: from the commit of the step's last finished rollout
+    (`last_finished_at`, epoch seconds; None: no rollout) to its new weights serving (`weights_at`)."""
+    t0, t1, t2, t3, t4 = marks
+    return {
+        "time_sample_s": round(t1 - t0, 4),
+        "time_convert_s": round(t2 - t1, 4),
+        "time_train_s": round(t3 - t2, 4),
+        "time_sync_s": round(t4 - t3, 4),
+        "time_step_s": round(t4 - t0, 4),
+        "time_to_weights_s": None if last_finished_at is None else round(weights_at - last_finished_at, 4),
+    }

@@ -11,7 +11,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from agl_bridge.convert import Trajectory, convert_store, group_trajectories, iter_trajectories
+from agl_bridge.convert import ConversionReport, Trajectory, convert_store, group_trajectories, iter_trajectories
 from agl_bridge.errors import ConfigError
 from agl_bridge.models.loading import resolve_model_path
 from agl_bridge.runner import TaskSchedule
@@ -25,11 +25,17 @@ from agl_bridge.train.run_log import RunLog, RunSummary, format_reward
 from agl_bridge.train.step import grpo_settings, train_step
 
 
-async def offline_groups(path: str) -> list[list[Trajectory]]:
-    """The GRPO groups of recorded trajectories: from a store (converted now) or an exported file."""
+async def offline_groups(path: str, log: RunLog | None = None) -> list[list[Trajectory]]:
+    """The GRPO groups of recorded trajectories: from a store (converted now) or an exported file.
+
+    From a store, what could not be converted (and why) is said on the log's console (stderr).
+    """
     if Path(path).suffix in (".sqlite", ".db", ".sqlite3"):
+        report = ConversionReport()
         async with SQLiteStore(path) as store:
-            trajectories = [t async for t in convert_store(store)]
+            trajectories = [t async for t in convert_store(store, report=report)]
+        if log is not None and (left_out := report.left_out()):
+            log.say(f"{path}: {report.attempts_converted} attempts converted; {left_out}")
     else:
         trajectories = list(iter_trajectories(path))
     return list(group_trajectories(trajectories).values())
@@ -40,7 +46,7 @@ def train_offline(config: GRPOConfig, log: RunLog, *, resume: bool = False) -> R
     started = time.monotonic()
     run_dir = Path(config.run_dir)
     assert config.offline_data is not None  # GRPOTrainer comes here only with offline data
-    groups = asyncio.run(offline_groups(config.offline_data))
+    groups = asyncio.run(offline_groups(config.offline_data, log))
     if not groups:
         raise ConfigError(f"{config.offline_data} holds no trainable trajectories")
     schedule = TaskSchedule(groups, config.batch_size, config.seed)

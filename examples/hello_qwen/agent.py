@@ -8,11 +8,20 @@ compatible and it runs as an ordinary agent.
 
 from __future__ import annotations
 
+import random
 import re
 
 from openai import OpenAI
 
-from agl_bridge import emit_reward
+HELD_OUT = 40
+
+
+def split_numbers(seed: int = 1234) -> tuple[list[int], list[int]]:
+    """(training numbers, held-out numbers): disjoint, fixed for a seed; held-out ones are never trained on."""
+    numbers = list(range(1000))
+    random.Random(seed).shuffle(numbers)
+    return numbers[HELD_OUT:], sorted(numbers[:HELD_OUT])
+
 
 _CLAIM = re.compile(r"\bi(?:'m| am)\s+(not\s+)?([^\s.,!?;:]+)", re.IGNORECASE)
 
@@ -35,6 +44,8 @@ def reward_for(reply: str | None, number: int) -> float:
 
 def hello_agent(task: int, endpoint) -> None:
     """One rollout: ask, read the reply, emit the reward. `endpoint` carries base_url/model/key."""
+    from agl_bridge import emit_reward  # here, so that the game rules above import without agl_bridge
+
     client = OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key)
     response = client.chat.completions.create(
         model=endpoint.model,

@@ -12,25 +12,15 @@ policy generalising ("Say you are 731" → "I'm 731"), not memorising.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent import hello_agent, prompt_for
+from agent import hello_agent, prompt_for, split_numbers
 
 from agl_bridge.train.config import GRPOConfig, WarmStartConfig
 from agl_bridge.train.grpo import GRPOTrainer, RunSummary
-
-HELD_OUT = 40
-
-
-def split_numbers(seed: int = 1234) -> tuple[list[int], list[int]]:
-    """(training numbers, held-out numbers): disjoint, fixed for a seed."""
-    numbers = list(range(1000))
-    random.Random(seed).shuffle(numbers)
-    return numbers[HELD_OUT:], sorted(numbers[:HELD_OUT])
 
 
 def build_config(args: argparse.Namespace) -> GRPOConfig:

@@ -148,3 +148,26 @@ def test_unknown_rollout_is_one_line(store_path: Path, tmp_path: Path) -> None:
     result = export(store_path, tmp_path / "t.jsonl", "--rollout", "nope")
     assert result.exit_code == 2 and "no rollout 'nope'" in result.stderr
     assert not (tmp_path / "t.jsonl").exists()
+
+
+async def _serve_only_store(path: Path) -> None:
+    """What `agl-bridge serve` alone leaves: rollouts registered by their first call, finished (or not) over HTTP."""
+    async with SQLiteStore(path) as store:
+        for rollout_id, outcome in [("h-1", AttemptStatus.SUCCEEDED), ("h-2", AttemptStatus.FAILED), ("h-3", None)]:
+            await store.add_llm_call(a_call(rollout_id, "0", [1, 2], [3], "solver"))
+            await store.report_reward(Reward(rollout_id=rollout_id, attempt_id="0", value=1.0))
+            if outcome is not None:
+                await store.complete_attempt(rollout_id, "0", outcome)
+
+
+def test_a_store_written_by_serve_alone_exports_and_says_what_it_left_out(tmp_path: Path) -> None:
+    store = tmp_path / "serve.db"
+    asyncio.run(_serve_only_store(store))
+    out = tmp_path / "t.jsonl"
+    for _ in range(2):  # every time
+        result = runner.invoke(app, ["export", "--store", str(store), "--what", "trajectories", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        assert "Wrote 1 trajectories" in result.stdout
+        assert "not converted: 1 failed attempts (never trained); 1 attempts still running" in result.stderr
+        assert "POST .../finish" in result.stderr and "--rollout-idle-timeout" in result.stderr
+    assert [t.rollout_id for t in read_trajectories(out)] == ["h-1"]

@@ -86,7 +86,8 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
         await opened.add_llm_call(text)
         await opened.add_reward(Reward(rollout_id="f-text", attempt_id=attempt.attempt_id, value=1.0))
         await finish(opened, "f-text", attempt.attempt_id, AttemptStatus.SUCCEEDED)
-        # g: queued, never started. Plus records of a rollout the store has no row for.
+        # g: queued, never started. Plus records of a rollout the store had no row for: they registered it
+        # (external, running: never trained until someone finishes it).
         await opened.create_rollout({"q": "g"}, rollout_id="g-queued")
         await opened.add_llm_call(token_call("ghost", "at-ghost", [1], [2]))
         await opened.add_reward(Reward(rollout_id="ghost", attempt_id="at-ghost", value=1.0))
@@ -117,17 +118,17 @@ async def test_only_succeeded_attempts_of_finished_rollouts_train(store: SQLiteS
 async def test_the_report_counts_every_attempt_call_and_reward(store: SQLiteStore) -> None:
     _, report = await collect(store)
     assert report.to_json() == {
-        "rollouts_seen": 7,
-        "attempts_seen": 7,
+        "rollouts_seen": 8,
+        "attempts_seen": 8,
         "attempts_converted": 1,
-        "attempts_dropped": 6,
-        "dropped": {"failed": 2, "not_finished": 1, "timed_out": 1, "missing_reward": 1, "no_trainable_calls": 1},
+        "attempts_dropped": 7,
+        "dropped": {"failed": 2, "not_finished": 2, "timed_out": 1, "missing_reward": 1, "no_trainable_calls": 1},
         "segments": 1,
         "splits": {},
-        "calls_seen": 13,
+        "calls_seen": 14,
         "calls_trained": 2,
-        "calls_not_trained": {"dropped_attempt": 10, "outside_attempt": 1},
-        "rewards_seen": 7,
+        "calls_not_trained": {"dropped_attempt": 11, "outside_attempt": 1},
+        "rewards_seen": 8,
         "rewards_ignored": 1,
         "missing_reward_zeroed": 0,
     }
@@ -151,14 +152,14 @@ async def test_rollout_ids_are_converted_in_the_order_given(store: SQLiteStore) 
 
 
 async def test_an_unknown_rollout_id_is_an_error(store: SQLiteStore) -> None:
-    with pytest.raises(RolloutNotFoundError, match="'ghost'"):
-        await collect(store, rollout_ids=["a-retried", "ghost"])
+    with pytest.raises(RolloutNotFoundError, match="'nobody'"):
+        await collect(store, rollout_ids=["a-retried", "nobody"])
 
 
 async def test_the_whole_store_walk_matches_the_per_rollout_reads(store: SQLiteStore) -> None:
     walked = [r async for r in store.iter_rollout_records()]
     ids = [r.rollout.rollout_id for r in walked]
-    assert ids == sorted(ids) and "ghost" not in ids and len(ids) == 7
+    assert ids == sorted(ids) and "ghost" in ids and len(ids) == 8
     one_by_one = [r async for r in store.iter_rollout_records(ids)]
     assert walked == one_by_one
     for records in walked:

@@ -22,11 +22,13 @@ from agl_bridge.testing.proxy_process import child_env
 
 @pytest.fixture(scope="session")
 def serve_process(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    """`agl-bridge serve --model <tiny> --port 0 --store <tmp>` in a subprocess; killed at session end if still up."""
+    """`agl-bridge serve --model <tiny> --port 0 --store <tmp> --rollout-idle-timeout 1` in a subprocess; killed at
+    session end if still up."""
     folder = tmp_path_factory.mktemp("cli_serve")
     store = folder / "cli.sqlite"
     process = subprocess.Popen(
-        [AGL_BRIDGE, "serve", "--model", str(tiny_model_dir), "--port", "0", "--store", str(store)],
+        [AGL_BRIDGE, "serve", "--model", str(tiny_model_dir), "--port", "0", "--store", str(store)]
+        + ["--rollout-idle-timeout", "1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

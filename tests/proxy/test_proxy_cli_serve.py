@@ -9,11 +9,13 @@ looks at --host/--api-key/--port, so each refusal as a subprocess would cost a f
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,15 @@ import pytest
 from proxy_helpers import ServeProcess
 from shared_helpers import AGL_BRIDGE
 
+from agl_bridge.store import SQLiteStore
 from agl_bridge.testing.proxy_process import child_env
+
+
+async def stored_attempt(store: Path, rollout_id: str, attempt_id: str) -> Any:
+    """The attempt as the serve process's store holds it (read from this process)."""
+    async with SQLiteStore(store) as opened:
+        return await opened.get_attempt(attempt_id, rollout_id)
+
 
 SERVING = re.compile(
     r"agl-bridge is serving '(?P<name>[^']+)' \((?P<path>.+)\) at (?P<url>http://127\.0\.0\.1:(?P<port>\d+)/v1)$"
@@ -104,6 +114,20 @@ def test_serve_prints_url_and_key_answers_and_records_into_the_store(
             max_tokens=5,
             extra_body={"return_token_ids": True},
         )
+    # Nobody finishes that rollout: the idle timeout (1 s) ends it, explicitly, as timed_out.
+    assert "idle rollouts time out after 1 s" in server.wait_for(re.compile(r"lifecycle: POST .*"))[0]
+    deadline = time.monotonic() + 60
+    while (attempt := asyncio.run(stored_attempt(server.store, "cli-ro", "cli-at"))).status.value == "running":
+        assert time.monotonic() < deadline, "the idle rollout was never timed out"
+        time.sleep(0.2)
+    assert attempt.status.value == "timed_out" and "idle timeout" in (attempt.error or "")
+    finish = httpx.post(
+        f"{base}/rollout/cli-ro/attempt/cli-at/finish",
+        json={"status": "succeeded"},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+    assert finish.status_code == 409 and "already finished (timed_out)" in finish.json()["error"]["message"]
 
     server.process.send_signal(signal.SIGINT)  # Ctrl-C: a clean stop that closes the store
     assert server.process.wait(timeout=60) == 0, "".join(server.seen)

@@ -14,7 +14,6 @@ from rich.console import Console, RenderableType
 from agl_bridge.store import RolloutNotFoundError, SQLiteStore
 from agl_bridge.store.inspect import (
     PREVIEW_CHARS,
-    AttemptDetail,
     CallLine,
     RewardLine,
     render_overview,
@@ -35,7 +34,7 @@ class Sample:
 
 async def build(store: SQLiteStore, make_call: Callable[..., LLMCall]) -> Sample:
     """ro-1: two attempts (the first failed) and a rollout-level call; ro-2: queued, empty; ro-3: calls only;
-    two calls and a reward outside any rollout; ext-1: records only (its runner registered nothing)."""
+    two calls and a reward outside any rollout; ext-1: records only (registered by its first call)."""
     await store.create_rollout({"question": "2+2"}, group_id="g-a", rollout_id="ro-1")
     await store.create_rollout({"question": "idle"}, rollout_id="ro-2")
     await store.create_rollout({"question": "3+3"}, group_id="g-a", rollout_id="ro-3")
@@ -85,7 +84,9 @@ async def test_overview_counts_every_rollout_and_the_records_outside_rollouts(
     await build(store, make_call)
     overview = await store_overview(store, name="s.db")
     rows = {row.rollout_id: row for row in overview.rollouts}
-    assert [row.rollout_id for row in overview.rollouts] == ["ro-1", "ro-2", "ro-3"]  # creation order
+    assert [row.rollout_id for row in overview.rollouts] == ["ro-1", "ro-2", "ro-3", "ext-1"]  # creation order
+    ext = rows["ext-1"]  # nothing recorded is invisible: its first call registered it
+    assert (ext.status, ext.origin, ext.attempts, ext.calls, ext.group_id) == ("running", "external", 1, 1, None)
     ro1 = rows["ro-1"]
     assert (ro1.status, ro1.group_id, ro1.attempts, ro1.calls, ro1.rewards) == ("succeeded", "g-a", 2, 4, 3)
     assert ro1.reward_sum == 0.875
@@ -99,19 +100,19 @@ async def test_overview_counts_every_rollout_and_the_records_outside_rollouts(
     assert document["store"] == "s.db" and document["calls_without_rollout"] == 2
     assert document["rollouts"][0] == {
         "rollout_id": "ro-1", "status": "succeeded", "group_id": "g-a", "attempts": 2, "calls": 4, "rewards": 3,
-        "reward_sum": 0.875, "created_at": ro1.created_at,
+        "reward_sum": 0.875, "created_at": ro1.created_at, "origin": "runner", "eval": False,
     }  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("limit", "shown", "more"), [(1, ["ro-1"], True), (2, ["ro-1", "ro-2"], True), (3, None, False)]
+    ("limit", "shown", "more"), [(1, ["ro-1"], True), (2, ["ro-1", "ro-2"], True), (4, None, False)]
 )
 async def test_overview_limit_cuts_the_listing_and_says_so(
     store: SQLiteStore, make_call: Callable[..., LLMCall], limit: int, shown: list[str] | None, more: bool
 ) -> None:
     await build(store, make_call)
     overview = await store_overview(store, limit=limit)
-    assert [row.rollout_id for row in overview.rollouts] == (shown or ["ro-1", "ro-2", "ro-3"])
+    assert [row.rollout_id for row in overview.rollouts] == (shown or ["ro-1", "ro-2", "ro-3", "ext-1"])
     assert overview.more_rollouts is more
     assert ("more rollouts exist" in text_of(render_overview(overview))) is more
 
@@ -177,11 +178,12 @@ async def test_detail_of_a_rollout_known_only_from_its_records(
 ) -> None:
     await build(store, make_call)
     detail = await rollout_detail(store, "ext-1")
-    assert detail.rollout is None and detail.task is None
-    assert detail.attempts == [AttemptDetail(attempt_id="ext-at", calls=1, records=detail.attempts[0].records)]
-    assert isinstance(detail.attempts[0].records[0], CallLine) and detail.attempts[0].records[0].call_kind == "text"
+    assert detail.rollout is not None and detail.rollout.origin == "external" and detail.task is None
+    (attempt,) = detail.attempts
+    assert (attempt.attempt_id, attempt.number, attempt.status, attempt.calls) == ("ext-at", 1, "running", 1)
+    assert isinstance(attempt.records[0], CallLine) and attempt.records[0].call_kind == "text"
     text = text_of(render_rollout_detail(detail))
-    assert "not registered in the store" in text and "text call" in text
+    assert "running, started by external" in text and "text call" in text
 
 
 async def test_unknown_rollout_is_an_error(store: SQLiteStore, make_call: Callable[..., LLMCall]) -> None:
@@ -203,4 +205,5 @@ async def test_rendering_shows_text_literally_on_one_line(
     assert "x" * PREVIEW_CHARS in text and "x" * (PREVIEW_CHARS + 1) not in text
     overview_text = text_of(render_overview(await store_overview(store, name="s.db")))
     assert "ro-1" in overview_text and "0.875" in overview_text and "succeeded" in overview_text
-    assert "3 rollouts shown; 2 calls and 1 reward without a rollout" in overview_text
+    assert "4 rollouts shown; 2 calls and 1 reward without a rollout" in overview_text
+    assert "external" in overview_text and "runner" in overview_text

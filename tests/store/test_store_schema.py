@@ -82,3 +82,38 @@ def test_in_memory_path_and_bad_options_are_refused() -> None:
         SQLiteStore(":memory:")
     with pytest.raises(ValueError, match="synchronous must be one of"):
         SQLiteStore("x.db", synchronous="OFF")
+
+
+_V1_TABLES = """
+CREATE TABLE agl_schema_version (version INTEGER NOT NULL, created_at REAL NOT NULL, created_by TEXT NOT NULL);
+CREATE TABLE rollouts (rollout_id TEXT PRIMARY KEY, group_id TEXT, status TEXT NOT NULL, task TEXT NOT NULL,
+    metadata TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, created_at REAL NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE attempts (attempt_id TEXT PRIMARY KEY, rollout_id TEXT NOT NULL REFERENCES rollouts(rollout_id),
+    number INTEGER NOT NULL, status TEXT NOT NULL, error TEXT, traceback TEXT, started_at REAL NOT NULL,
+    ended_at REAL, UNIQUE (rollout_id, number));
+CREATE TABLE sequences (rollout_key TEXT NOT NULL, attempt_key TEXT NOT NULL, next INTEGER NOT NULL,
+    PRIMARY KEY (rollout_key, attempt_key)) WITHOUT ROWID;
+INSERT INTO agl_schema_version VALUES (1, 0, 'agl_bridge 0.1');
+INSERT INTO rollouts VALUES ('ro-1', 'g', 'succeeded', '{"q": 1}', '{}', 1, 1.0, 2.0);
+INSERT INTO attempts VALUES ('at-1', 'ro-1', 1, 'succeeded', NULL, NULL, 1.0, 2.0);
+INSERT INTO sequences VALUES ('ro-1', 'at-1', 2), ('ext', '0', 1), ('', '', 5);
+"""
+
+
+async def test_a_version_1_store_is_upgraded_in_place_and_its_unregistered_rollouts_registered(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(_V1_TABLES)
+    async with SQLiteStore(path) as store:
+        kept = await store.get_rollout("ro-1")
+        assert kept is not None and (kept.status.value, kept.origin.value, kept.task) == (
+            "succeeded",
+            "runner",
+            {"q": 1},
+        )
+        assert [a.attempt_id for a in await store.list_attempts("ro-1")] == ["at-1"]
+        registered = await store.get_rollout("ext")  # it had records but no row: visible now
+        assert registered is not None and (registered.origin.value, registered.attempts) == ("external", 1)
+    with sqlite3.connect(path) as conn:
+        version, created_by = conn.execute(f"SELECT version, created_by FROM {VERSION_TABLE}").fetchone()
+    assert version == SCHEMA_VERSION == 2 and "upgraded to 2" in created_by

@@ -1,0 +1,50 @@
+"""The policy a sampling run trains: its tokenizer, its served name, the sampler and the training client on it.
+
+The online and follow modes both sample through a proxy over the sampler and hand the trained
+adapter to it live: `hf` merges it in place in this process, `remote` / `vllm` load it by name
+from files written to `adapter_dir`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from agl_bridge.models.loading import load_tokenizer, resolve_model_path, served_model_name
+from agl_bridge.sampler.factory import build_sampler
+from agl_bridge.train.client import TrainingClient
+from agl_bridge.train.config import GRPOConfig
+
+
+@dataclass
+class Policy:
+    """A run's sampler and the training client that updates it; `close` releases both."""
+
+    model_path: str  # a local directory or a hub id
+    tokenizer: Any
+    name: str
+    sampler: Any  # the TokenSampler build_sampler made (hf, remote or vllm)
+    client: TrainingClient
+
+    def close(self) -> None:
+        """Stop the training client, then the sampler."""
+        self.client.close()
+        self.sampler.close()
+
+
+def open_policy(config: GRPOConfig) -> Policy:
+    """Load the config's model as a sampler (its `sampler*` keys) and a LoRA training client over it."""
+    model_path = resolve_model_path(config.model)
+    tokenizer = load_tokenizer(model_path)
+    name = served_model_name(config.model)
+    sampler = build_sampler(config.sampler_spec(), model_path, tokenizer, served_name=name)
+    client = TrainingClient(
+        model_path,
+        lora_rank=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        train_unembedding=config.train_unembedding,
+        seed=config.seed,
+        sampler=sampler,
+        max_batch_tokens=config.max_batch_tokens,
+    )
+    return Policy(model_path, tokenizer, name, sampler, client)

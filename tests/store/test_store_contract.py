@@ -1,0 +1,185 @@
+"""What every store backend must do for rollouts we do not launch, parametrized by backend.
+
+A second backend (PostgreSQL) joins by adding its factory to `BACKENDS`: each test then runs on it
+too. Only the public `Store` API is used here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agl_bridge.store import (
+    AttemptFinishedError,
+    AttemptNotFoundError,
+    SQLiteStore,
+    Store,
+    TaskConflictError,
+)
+from agl_bridge.types import AttemptStatus, LLMCall, Reward, RolloutOrigin, RolloutStatus, RolloutTask
+
+BACKENDS: dict[str, Callable[[Path], Any]] = {"sqlite": lambda folder: SQLiteStore(folder / "contract.db")}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """An open store of each backend."""
+    async with BACKENDS[request.param](tmp_path) as opened:
+        yield opened
+
+
+def call(rollout_id: str | None, attempt_id: str | None) -> LLMCall:
+    return LLMCall(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        model="tiny",
+        prompt_token_ids=[1, 2],
+        response_token_ids=[3],
+        response_logprobs=[-0.5],
+        token_policy_versions=[0],
+    )
+
+
+async def test_the_first_record_registers_its_rollout_and_attempt_as_running(backend: Store) -> None:
+    await backend.add_llm_call(call("ext", "0"))
+    await backend.add_llm_call(call("ext", "0"))
+    await backend.add_reward(Reward(rollout_id="other", attempt_id="0", value=1.0))  # a reward first registers too
+    rollout = await backend.get_rollout("ext")
+    assert rollout is not None and (rollout.status, rollout.origin, rollout.attempts) == (
+        RolloutStatus.RUNNING, RolloutOrigin.EXTERNAL, 1,
+    )  # fmt: skip
+    (attempt,) = await backend.list_attempts("ext")
+    assert (attempt.attempt_id, attempt.number, attempt.status) == ("0", 1, AttemptStatus.RUNNING)
+    other = await backend.get_attempt("0", "other")
+    assert other is not None and other.rollout_id == "other"  # the same attempt id in two rollouts
+    with pytest.raises(ValueError, match="several rollouts"):
+        await backend.finish_attempt("0", AttemptStatus.FAILED)
+    await backend.add_llm_call(call(None, None))  # outside any rollout: nothing to register
+    assert {r.rollout_id for r in await backend.list_rollouts()} == {"ext", "other"}
+
+
+async def test_a_runner_rollout_keeps_its_own_attempts(backend: Store) -> None:
+    created = await backend.create_rollout({"q": 1}, group_id="g", rollout_id="mine")
+    attempt = await backend.start_attempt(created.rollout_id)
+    await backend.add_llm_call(call("mine", attempt.attempt_id))
+    await backend.add_llm_call(call("mine", "stray"))  # not one of the runner's runs: not registered
+    assert [a.attempt_id for a in await backend.list_attempts("mine")] == [attempt.attempt_id]
+    assert (await backend.get_rollout("mine")).origin is RolloutOrigin.RUNNER  # type: ignore[union-attr]
+
+
+async def test_start_names_the_task_and_refuses_another(backend: Store) -> None:
+    started = await backend.register_attempt("r", "0", RolloutTask(task_id="t", metadata={"n": 3}, eval=True))
+    assert (started.group_id, started.task, started.eval, started.status) == (
+        "t",
+        {"n": 3},
+        True,
+        RolloutStatus.RUNNING,
+    )
+    named = await backend.register_attempt("r", "0", RolloutTask(task_id="t"))  # the same task again: fine
+    assert named.task == {"n": 3}
+    with pytest.raises(TaskConflictError, match="'t', not 'u'"):
+        await backend.complete_attempt("r", "0", AttemptStatus.SUCCEEDED, task=RolloutTask(task_id="u"))
+    bare = await backend.register_attempt("s", "0", RolloutTask(task_id="only-id"))
+    assert bare.task == "only-id" and bare.eval is False
+
+
+async def test_complete_ends_the_rollout_with_its_last_running_attempt(backend: Store) -> None:
+    await backend.register_attempt("r", "a")
+    await backend.register_attempt("r", "b")
+    after_a = await backend.complete_attempt("r", "a", AttemptStatus.SUCCEEDED)
+    assert after_a.status is RolloutStatus.RUNNING  # b still runs
+    after_b = await backend.complete_attempt("r", "b", AttemptStatus.FAILED, error="boom")
+    assert after_b.status is RolloutStatus.SUCCEEDED  # one attempt succeeded
+    with pytest.raises(AttemptFinishedError, match="already finished"):
+        await backend.complete_attempt("r", "b", AttemptStatus.SUCCEEDED)
+    with pytest.raises(AttemptNotFoundError, match="no attempt 'z' of rollout 'r'"):
+        await backend.complete_attempt("r", "z", AttemptStatus.SUCCEEDED)
+    with pytest.raises(AttemptFinishedError, match="new rollout id"):
+        await backend.register_attempt("r", "c")
+    await backend.register_attempt("f", "0")
+    failed = await backend.complete_attempt("f", "0", AttemptStatus.FAILED)
+    assert failed.status is RolloutStatus.FAILED
+
+
+async def test_a_reported_reward_needs_a_live_attempt(backend: Store) -> None:
+    first = await backend.report_reward(Reward(rollout_id="r", attempt_id="0", value=0.5))  # registers r / 0
+    assert first == 0 and (await backend.get_rollout("r")) is not None
+    await backend.complete_attempt("r", "0", AttemptStatus.SUCCEEDED)
+    with pytest.raises(AttemptFinishedError, match="report rewards before finishing"):
+        await backend.report_reward(Reward(rollout_id="r", attempt_id="0", value=1.0))
+    with pytest.raises(AttemptFinishedError, match="already finished"):
+        await backend.report_reward(Reward(rollout_id="r", attempt_id="new", value=1.0))
+    assert [r.value async for r in backend.iter_rewards("r")] == [0.5]
+    with pytest.raises(ValueError, match="rollout_id and attempt_id"):
+        await backend.report_reward(Reward(value=1.0))
+
+
+async def test_idle_external_rollouts_time_out_and_active_or_runner_ones_do_not(backend: Store) -> None:
+    await backend.register_attempt("idle", "0")
+    await backend.add_llm_call(call("records-only", None))  # a rollout with no attempt at all
+    runner = await backend.create_rollout({}, rollout_id="runner")
+    await backend.start_attempt(runner.rollout_id)
+    await asyncio.sleep(0.3)
+    await backend.register_attempt("busy", "0")
+    expired = await backend.expire_idle_rollouts(0.2)
+    assert sorted(expired, key=str) == [("idle", "0"), ("records-only", None)]
+    idle = await backend.get_attempt("0", "idle")
+    assert idle is not None and idle.status is AttemptStatus.TIMED_OUT and "idle timeout" in (idle.error or "")
+    statuses = {r.rollout_id: r.status for r in await backend.list_rollouts()}
+    assert statuses == {
+        "idle": RolloutStatus.TIMED_OUT,
+        "records-only": RolloutStatus.TIMED_OUT,
+        "runner": RolloutStatus.RUNNING,
+        "busy": RolloutStatus.RUNNING,
+    }
+    await backend.add_llm_call(call("busy", "0"))  # activity keeps it alive
+    assert await backend.expire_idle_rollouts(0.2) == []
+    with pytest.raises(ValueError, match="idle_s"):
+        await backend.expire_idle_rollouts(0)
+
+
+async def test_consumption_marks_and_list_filters(backend: Store) -> None:
+    before = time.time()
+    for rid, is_eval in (("a", False), ("b", False), ("e", True)):
+        await backend.register_attempt(rid, "0", RolloutTask(task_id="t", eval=is_eval))
+        await backend.complete_attempt(rid, "0", AttemptStatus.SUCCEEDED)
+    assert await backend.mark_consumed(["a", "e"], 3) == 2
+    assert await backend.mark_consumed(["a", "b"], 4) == 1  # a was taken already
+    fresh = await backend.list_rollouts(consumed=False, eval=False, created_since=before)
+    assert fresh == []
+    assert [r.rollout_id for r in await backend.list_rollouts(eval=True)] == ["e"]
+    assert (await backend.get_rollout("b")).consumed_step == 4  # type: ignore[union-attr]
+    assert await backend.release_consumed(3) == 1  # resuming from step 3 forgets what step 4 took
+    assert [r.rollout_id for r in await backend.list_rollouts(consumed=False)] == ["b"]
+    assert await backend.list_rollouts(created_since=time.time() + 60) == []
+
+
+async def test_wait_for_change_wakes_on_a_state_change_and_times_out_otherwise(backend: Store) -> None:
+    began = time.monotonic()
+    assert await backend.wait_for_change(0.3) is False
+    assert 0.25 <= time.monotonic() - began < 2.0
+
+    async def finish_soon() -> None:
+        await asyncio.sleep(0.1)
+        await backend.register_attempt("w", "0")
+
+    waker = asyncio.create_task(finish_soon())
+    began = time.monotonic()
+    assert await backend.wait_for_change(10.0) is True
+    assert time.monotonic() - began < 5.0
+    await waker
+
+
+async def test_a_change_between_a_token_and_the_wait_is_not_missed(backend: Store) -> None:
+    token = await backend.change_token()
+    await backend.register_attempt("between", "0")  # after the caller's read, before it waits
+    began = time.monotonic()
+    assert await backend.wait_for_change(10.0, since=token) is True
+    assert time.monotonic() - began < 1.0
+    token = await backend.change_token()
+    assert await backend.wait_for_change(0.3, since=token) is False  # nothing since: it still waits
