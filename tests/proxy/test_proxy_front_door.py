@@ -6,7 +6,8 @@ from typing import Any
 
 import httpx
 import pytest
-from proxy_helpers import MODEL, auth, new_id, stored_calls
+from proxy_helpers import MODEL, auth, stored_calls
+from shared_helpers import new_id
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
