@@ -87,7 +87,7 @@ def _check_stream(chunks: list[Any], calls: list[Any], tokenizer: Any, n: int) -
         assert ids == call.response_token_ids
         assert text == decode(tokenizer, strip_end_of_turn(tokenizer, call.response_token_ids)) == call.response_text
         assert all("token_ids" in (c.model_extra or {}) for c in mine if c.delta.content)
-        if n == 1:  # with n > 1, each choice's own finish reason: test_streaming_with_two_choices_gives_each_its_own_finish_reason
+        if n == 1:  # n > 1: test_streaming_with_two_choices_gives_each_its_own_finish_reason
             assert [c.finish_reason for c in mine if c.finish_reason] == [call.finish_reason]
 
 
