@@ -226,6 +226,14 @@ def serve_command(
         None, "--served-model-name", help="Model name clients ask for (default: tiny, or the model directory's name)."
     ),
     default_max_tokens: int = typer.Option(1024, min=1, help="max_tokens for requests that do not set it."),
+    max_request_mb: float | None = typer.Option(
+        None,
+        "--max-request-mb",
+        min=0.001,
+        metavar="MB",
+        help="Largest request body accepted (413 above it); default: what the largest prompt that fits the "
+        "model's context window could need, at least 4 MiB.",
+    ),
     torch_threads: int | None = typer.Option(
         None,
         "--torch-threads",
@@ -282,6 +290,7 @@ def serve_command(
             api_key=api_key,
             litellm_config_path=litellm_config,
             default_max_tokens=default_max_tokens,
+            max_request_bytes=None if max_request_mb is None else int(max_request_mb * 1024 * 1024),
         )
     except ProxyStartError as exc:
         sampler.close()
