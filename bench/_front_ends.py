@@ -92,9 +92,11 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _spawn(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], Any]:
+def _spawn(
+    args: list[str], env: dict[str, str] | None = None, cwd: str | None = None
+) -> tuple[subprocess.Popen[str], Any]:
     log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
     return proc, log
 
 
@@ -168,7 +170,9 @@ def start_agentlightning(backend: str, api_key: str) -> FrontEnd | str:
         return f"not installed: {server} (see bench/_front_ends.py)"
     port = _free_port()
     args = [str(server), "host=127.0.0.1", f"port={port}", f"key={api_key}", "default_proxy.model_name=instant"]
-    proc, log = _spawn(args, {**os.environ, "HYDRA_FULL_ERROR": "1"})
+    scratch = tempfile.mkdtemp(prefix="agl-bench-agentlightning-")
+    args += [f"hydra.run.dir={scratch}", "hydra.output_subdir=null"]  # Hydra would write outputs/ into the cwd
+    proc, log = _spawn(args, {**os.environ, "HYDRA_FULL_ERROR": "1"}, cwd=scratch)
     base = f"http://127.0.0.1:{port}"
     _wait_http(f"{base}/healthz", proc, log)
     headers = {"Authorization": f"Bearer {api_key}"}

@@ -170,25 +170,22 @@ class Gateway:
                 await send_error(send, error, protocol)
                 return
         scope.setdefault("state", {})[_ADMITTED] = True
-        app: ASGIApp = self.own
-        send_on = send
         chat = self._served_chat(scope, path, body)
-        if chat is None and path not in self._own_paths:
-            app, send_on = self.app, with_word_codes(send)
         with sampling_affinity(rollout):
             if chat is not None:
-                assert self.chat is not None
-                service, parsed = chat
+                chat_route, service, parsed = chat
                 route = route_of_headers({k.decode(): v.decode("latin-1") for k, v in headers if k in _ROUTE_HEADERS})
-                await self.chat(scope, receive, send, service=service, body=parsed, route=route)
+                await chat_route(scope, receive, send, service=service, body=parsed, route=route)
+            elif path in self._own_paths:
+                await self.own(scope, receive, send)
             else:
-                await app(scope, receive, send_on)
+                await self.app(scope, receive, with_word_codes(send))
 
-    def _served_chat(self, scope: Scope, path: str, body: bytes) -> tuple[ChatService, dict[str, Any]] | None:
-        """The service and parsed body of a chat completion for a served model; None for LiteLLM's requests.
-
-        A body that is not valid JSON, or asks for another model (or none), is LiteLLM's to answer.
-        """
+    def _served_chat(
+        self, scope: Scope, path: str, body: bytes
+    ) -> tuple[ChatRoute, ChatService, dict[str, Any]] | None:
+        """The chat route, service and parsed body of a chat completion for a served model; None for
+        LiteLLM's requests: a body that is not valid JSON, or asks for another model (or none)."""
         if self.chat is None or path not in CHAT_PATHS or scope["method"] != "POST":
             return None
         try:
@@ -198,7 +195,7 @@ class Gateway:
         if not isinstance(parsed, dict):
             return None
         service = self.chat.service_for(parsed)
-        return None if service is None else (service, parsed)
+        return None if service is None else (self.chat, service, parsed)
 
     def _too_large(self, size: int | None) -> ApiError:
         told = f"is {size} bytes" if size is not None else "is longer than that"
