@@ -67,6 +67,7 @@ class FrontEnd:
     body: dict[str, Any]
     log: Any = None
     results: list[dict[str, float]] = field(default_factory=list)
+    retries: int = 0
 
     def cpu_seconds(self) -> float:
         """CPU time of the front end's process (and its children) so far."""
@@ -203,7 +204,11 @@ async def _load(front: FrontEnd, requests: int, clients: int) -> float:
     async with httpx.AsyncClient(base_url=front.base_url, headers=front.headers, timeout=120, limits=limits) as client:
 
         async def one() -> None:
-            response = await client.post(front.path, json=front.body)
+            try:
+                response = await client.post(front.path, json=front.body)
+            except httpx.TransportError:  # a pooled connection the server closed as it was reused: once more
+                front.retries += 1
+                response = await client.post(front.path, json=front.body)
             answered = b"I'm here." in response.content or b"data: [DONE]" in response.content
             if response.status_code != 200 or not answered:
                 raise RuntimeError(f"{front.name}: HTTP {response.status_code}: {response.text[:300]}")
@@ -257,5 +262,6 @@ def measure(fronts: list[FrontEnd], *, requests: int, rounds: int, sequential: i
             "server_cpu_ms_per_request": round(statistics.median(r["cpu_ms"] for r in front.results), 3),
             "rounds_rps": [round(r["rps"], 1) for r in front.results],
             "rounds_cpu_ms": [round(r["cpu_ms"], 3) for r in front.results],
+            "transport_retries": front.retries,
         }
     return out

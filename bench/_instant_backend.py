@@ -112,7 +112,8 @@ def main() -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     sock.listen(2048)
-    server = uvicorn.Server(uvicorn.Config(app, loop="asyncio", log_level="warning", access_log=False))
+    config = uvicorn.Config(app, loop="asyncio", log_level="warning", access_log=False, timeout_keep_alive=75)
+    server = uvicorn.Server(config)
 
     async def run() -> None:
         serving = asyncio.create_task(server.serve(sockets=[sock]))
