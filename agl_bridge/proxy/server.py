@@ -60,8 +60,8 @@ def max_request_bytes(bound: TextBound, max_context: int) -> int:
 
     A prompt that fits has at most `max_context` tokens, each standing for at most
     `bound.chars_per_token` characters, each at most `JSON_BYTES_PER_CHAR` bytes of JSON; at least
-    `MIN_MAX_REQUEST_BYTES`. With the tiny model that is 4 MiB; with a 40,960-token Qwen3 (entries
-    of up to ~64 bytes, NFC) about 60 MiB.
+    `MIN_MAX_REQUEST_BYTES`. With the tiny model that is 4 MiB at 4,096 tokens and 24 MiB at 65,536;
+    with a 40,960-token Qwen3 (entries of up to ~64 bytes, NFC) about 60 MiB.
     """
     chars = bound.chars_per_token or FALLBACK_CHARS_PER_TOKEN
     return max(MIN_MAX_REQUEST_BYTES, JSON_BYTES_PER_CHAR * chars * max_context)

@@ -3,8 +3,9 @@
 An agent with a huge tool output sends megabytes. `measure_oversize` times small chat requests from
 a few rollouts with the proxy idle, then again while another process keeps sending oversized
 requests (a 10 MB body with its length declared, the same chunked, a 3.5 MB prompt that cannot fit
-the tiny model's context, a 68 kB one that must be tokenized to know), and reports both p99s, the
-refusals seen, and how far the proxy's peak RSS rose. Used by
+the tiny model's context, a 30,000-character one that must be tokenized to know), and reports both
+p99s, the refusals seen, and how far the proxy's peak RSS rose. The proxy is to be started with
+`LIMIT_BYTES` as its body limit (its default grows with the model's context window). Used by
 `tests/reliability/test_reliability_oversize.py` and `bench/proxy_oversize.py`.
 """
 
@@ -26,6 +27,8 @@ import httpx
 from agl_bridge.testing.proxy_process import ProxyProcess
 
 SMALL_CLIENTS = 4
+LIMIT_BYTES = 4 * 1024 * 1024
+"""The body limit to start the proxy with: the 10 MB requests are over it, the 3.5 MB one under it."""
 
 
 @dataclass
@@ -121,8 +124,10 @@ async def _small_latencies(proxy: ProxyProcess, headers: dict[str, str], request
 def _send_oversized(base_url: str, headers: dict[str, str], stop: Any, answers: Any) -> None:
     """Send oversized requests one after another until `stop`; put each (status, code) on `answers`."""
     words = _chat_body("word " * 2_000_000)  # 10 MB: far over the limit
-    cannot_fit = _chat_body("word " * 700_000)  # 3.5 MB: under the limit, but no 3.5 MB text fits 4096 tokens
-    might_fit = _chat_body("tool output line\n" * 4_000)  # 68 kB: it must be tokenized to know (it does not fit)
+    cannot_fit = _chat_body("word " * 700_000)  # 3.5 MB: under the limit, but no 3.5 MB text fits 64k tokens
+    # 30,000 CJK characters: by their length as few as 469 tokens (16 bytes a token, NFC), so they must be
+    # tokenized to know; the tiny tokenizer makes ~90,000 tokens of them (3 bytes each), over a 64k window.
+    might_fit = _chat_body("".join(chr(0x4E00 + (i * 7919) % 20_000) for i in range(30_000)))
 
     def chunked(data: bytes) -> Iterator[bytes]:  # no Content-Length: refused once it grows past the limit
         for start in range(0, len(data), 1 << 20):

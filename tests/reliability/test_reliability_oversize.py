@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agl_bridge.testing.oversize import measure_oversize
+from agl_bridge.testing.oversize import LIMIT_BYTES, measure_oversize
 from agl_bridge.testing.proxy_process import start_proxy
 
 RSS_GROWTH_BOUND_MIB = 150
@@ -22,7 +22,7 @@ RSS_GROWTH_BOUND_MIB = 150
 
 @pytest.mark.slow
 def test_oversized_requests_are_refused_without_stalling_small_ones(tmp_path: Path, tiny_model_dir: Path) -> None:
-    proxy = start_proxy(tmp_path / "store.sqlite", tiny_model_dir)
+    proxy = start_proxy(tmp_path / "store.sqlite", tiny_model_dir, max_request_bytes=LIMIT_BYTES)
     try:
         report = measure_oversize(proxy)
     finally:
