@@ -246,6 +246,14 @@ def serve_command(
         help="Time out a rollout started by an outside client after S seconds without a call, reward or "
         "request: its attempt ends timed_out and never trains (default: rollouts wait to be finished).",
     ),
+    max_request_mb: float | None = typer.Option(
+        None,
+        "--max-request-mb",
+        min=0.001,
+        metavar="MB",
+        help="Largest request body accepted (413 above it); default: what the largest prompt that fits the "
+        "model's context window could need, at least 4 MiB.",
+    ),
     torch_threads: int | None = typer.Option(
         None,
         "--torch-threads",
@@ -309,6 +317,7 @@ def serve_command(
             litellm_config_path=litellm_config,
             default_max_tokens=default_max_tokens,
             rollout_idle_timeout_s=rollout_idle_timeout,
+            max_request_bytes=None if max_request_mb is None else int(max_request_mb * 1024 * 1024),
         )
     except ProxyStartError as exc:
         sampler.close()

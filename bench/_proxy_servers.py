@@ -215,6 +215,7 @@ def serve_bare(port: int, api_key: str, profile_path: str | None = None, *, fixe
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=75,  # as ProxyServer: pooled client connections outlive a pause in the benchmark
     )
     server = uvicorn.Server(config)
 

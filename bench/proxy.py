@@ -27,12 +27,19 @@
     loop: with torch's own default, one per core, the sampler contends with the proxy's work).
 (e) `store_ingest`: LLM calls/s into `SQLiteStore.add_llm_call` (bench/store.py's measurement,
     three 64-long lists per record).
+(f) `concurrent`: requests/s and server CPU per request with 64 concurrent clients, and the
+    sequential p50, for every front end side by side in interleaved rounds (`bench/_front_ends.py`):
+    bare LiteLLM, ours (in-process instant sampler, plain and streamed; remote sampler in front of an
+    instant backend), Agent-lightning 1.0 and the rLLM gateway (each from a venv of its own; skipped
+    with the reason when not installed). `agl_bridge_cpu_vs_agentlightning` is our hot path's CPU per
+    request over Agent-lightning's (the issue's bound: <= 1.0).
 
 Every server runs in its own subprocess (LiteLLM's proxy is a process-wide singleton) on
 127.0.0.1 and a free port, and is stopped (SIGTERM, then SIGKILL) before this exits.
 
     .venv/bin/python bench/proxy.py [--requests 500] [--warmup 50] [--block 50] [--replicas 2] [--store-records 20000]
                                     [--hf-repeats 3] [--hf-rounds 4] [--threads N] [--skip-hf] [--profile DIR]
+                                    [--concurrent-requests 1000] [--concurrent-rounds 3] [--skip-concurrent]
 
 `--profile DIR` runs the bare and traced servers under cProfile from the end of the warm-up on and
 writes DIR/{bare,traced}.prof (latencies measured so are inflated; compare the profiles).
@@ -304,7 +311,7 @@ def time_throughput(server: Server, repeats: int, rounds: int) -> dict[str, Any]
             str(c): round(statistics.fmean(r["length_fraction"] for r in runs[c]), 3) for c in HF_CONCURRENCY
         },
         "ratio_16_vs_1": round(rate[16] / rate[1], 2),
-        "target_ratio": 4.0,
+        "target_ratio": 6.0,
         "rss_mib_after": server.rss_mib(),
     }
 
@@ -347,6 +354,50 @@ def time_store_ingest(records: int) -> dict[str, Any]:
         "avg_batch": result["avg_batch"],
         "target_records_per_s": 20_000,
     }
+
+
+# ---------------------------------------------------------------------------------------- (f)
+
+
+def time_concurrent(replicas: dict[str, list[Server]], requests: int, rounds: int) -> dict[str, Any]:
+    """Measurement (f): every front end under 64 concurrent clients, in interleaved rounds."""
+    import _front_ends as fe
+
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    rollout_chat = f"{ROLLOUT_PREFIX}/v1/chat/completions"
+    bare, traced = replicas["bare"][0], replicas["traced"][0]
+    fronts = [
+        fe.FrontEnd("bare_litellm", bare.proc, bare.base_url, "/v1/chat/completions", headers, fe.chat_body()),
+        fe.FrontEnd("agl_bridge", traced.proc, traced.base_url, rollout_chat, headers, fe.chat_body()),
+        fe.FrontEnd(
+            "agl_bridge_stream", traced.proc, traced.base_url, rollout_chat, headers, fe.chat_body(stream=True)
+        ),
+    ]
+    backend, backend_url = fe.start_backend()
+    skipped: dict[str, str] = {}
+    started: list[fe.FrontEnd] = []
+    try:
+        started.append(fe.start_remote_front(backend_url, API_KEY, _child_env()))
+        for name, peer in (
+            ("agentlightning_1_0", fe.start_agentlightning(backend_url, API_KEY)),
+            ("rllm_gateway", fe.start_rllm(backend_url)),
+        ):
+            if isinstance(peer, str):
+                skipped[name] = peer
+            else:
+                started.append(peer)
+        out = fe.measure([*fronts, *started], requests=requests, rounds=rounds, sequential=200)
+    finally:
+        for front in started:
+            front.stop()
+        backend.terminate()
+        backend.wait(20)
+    out["skipped"] = skipped
+    if "agentlightning_1_0" in out:
+        peer_cpu = out["agentlightning_1_0"]["server_cpu_ms_per_request"]
+        for name in ("agl_bridge", "agl_bridge_stream", "agl_bridge_remote"):
+            out[f"{name}_cpu_vs_agentlightning"] = round(out[name]["server_cpu_ms_per_request"] / peer_cpu, 2)
+    return out
 
 
 # ---------------------------------------------------------------------------------------- main
@@ -414,6 +465,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 c["server_cpu_ms_per_request"] - b["server_cpu_ms_per_request"], 3
             )
         result["target_c_minus_b_p50_ms"] = 1.0
+        if not args.skip_concurrent:
+            result["concurrent"] = time_concurrent(replicas, args.concurrent_requests, args.concurrent_rounds)
         for server in servers:
             if server is not hf:
                 server.stop()
@@ -452,6 +505,9 @@ def main() -> None:
         help="torch intra-op threads of the (d) server (default: agl-bridge serve's)",
     )
     parser.add_argument("--skip-hf", action="store_true", help="skip (d)")
+    parser.add_argument("--concurrent-requests", type=int, default=1000, help="(f): requests per front end per round")
+    parser.add_argument("--concurrent-rounds", type=int, default=3, help="(f): interleaved rounds (medians)")
+    parser.add_argument("--skip-concurrent", action="store_true", help="skip (f)")
     parser.add_argument("--store-records", type=int, default=20_000)
     parser.add_argument("--profile", metavar="DIR", default=None, help="cProfile the bare and traced servers into DIR")
     args = parser.parse_args()

@@ -13,9 +13,11 @@ from agl_bridge.chat.codec import (
     IncrementalDecoder,
     PrefixBreak,
     PromptEncoding,
+    PromptTooLongError,
     ReusedSpan,
 )
 from agl_bridge.chat.messages import ALLOWED_ROLES, ChatFormatError, normalize_messages, normalize_tools
+from agl_bridge.chat.text_bound import TextBound, text_bound
 from agl_bridge.chat.token_cache import CachedResponse, TokenCache, TokenCacheRegistry
 from agl_bridge.chat.tool_calls import FunctionCall, ToolCall, ToolCallError, parse_tool_calls
 
@@ -29,7 +31,9 @@ __all__ = [
     "IncrementalDecoder",
     "PrefixBreak",
     "PromptEncoding",
+    "PromptTooLongError",
     "ReusedSpan",
+    "TextBound",
     "TokenCache",
     "TokenCacheRegistry",
     "ToolCall",
@@ -37,4 +41,5 @@ __all__ = [
     "normalize_messages",
     "normalize_tools",
     "parse_tool_calls",
+    "text_bound",
 ]

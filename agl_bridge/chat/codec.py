@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agl_bridge.chat.messages import ChatFormatError, normalize_messages, normalize_tools
+from agl_bridge.chat.text_bound import TextBound, text_bound
 from agl_bridge.chat.token_cache import CachedResponse, TokenCache, decode_exact, prompt_digest
 from agl_bridge.chat.tool_calls import ToolCall, ToolCallError, parse_tool_calls
 
@@ -126,6 +127,20 @@ class AssistantMessage:
         return message
 
 
+class PromptTooLongError(ChatFormatError):
+    """A rendered prompt that cannot fit `max_tokens` whatever its tokenization (found before tokenizing it)."""
+
+    def __init__(self, chars: int, min_tokens: int, max_tokens: int) -> None:
+        super().__init__(
+            f"the prompt is {chars} characters long, which is at least {min_tokens} tokens for this model's "
+            f"tokenizer, but at most {max_tokens} fit in its context window; shorten the messages "
+            "(e.g. truncate long tool outputs)",
+            "messages",
+        )
+        self.min_tokens = min_tokens
+        self.max_tokens = max_tokens
+
+
 @dataclass(frozen=True)
 class _Candidate:
     """A remembered response that can be spliced in at one assistant message."""
@@ -161,6 +176,11 @@ class ChatCodec:
         self._marker_by_id = {tid: decode_exact(tokenizer, [tid]) for tid in self._stop_token_ids}
         # Longest first, so a marker that is a prefix of another never wins by accident.
         self._markers = tuple(sorted({m for m in self._marker_by_id.values() if m}, key=len, reverse=True))
+
+    @functools.cached_property
+    def text_bound(self) -> TextBound:
+        """The fewest tokens a text can be for this tokenizer (see `agl_bridge.chat.text_bound`)."""
+        return text_bound(self.tokenizer)
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
@@ -220,14 +240,21 @@ class ChatCodec:
         *,
         token_cache: TokenCache | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        max_tokens: int | None = None,
     ) -> PromptEncoding:
         """`encode_prompt` for messages and tools that `normalize_messages` / `normalize_tools` returned.
 
         For callers that validated the request already (the proxy normalises each request once).
+        With `max_tokens`, a rendered prompt too long to have at most that many tokens (by the
+        tokenizer's `text_bound`) raises `PromptTooLongError` before it is tokenized.
         """
         kwargs = _template_kwargs(chat_template_kwargs)
         template_msgs = self._for_template(messages)
         text = self._render(template_msgs, tools, True, kwargs)
+        if max_tokens is not None:
+            least = self.text_bound.min_tokens(text)
+            if least > max_tokens:
+                raise PromptTooLongError(len(text), least, max_tokens)
         entries = token_cache.entries() if token_cache is not None else []
         if not entries:
             return PromptEncoding(token_ids=self._tokenize(text), text=text)

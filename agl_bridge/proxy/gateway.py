@@ -9,28 +9,34 @@ In order, for an HTTP request:
    `api-key`), websocket routes included; a missing or wrong key is a 401 (a websocket is closed,
    which its client sees as a 403). This is the only key check: LiteLLM's own is replaced by
    `litellm_hooks.admitted_by_gateway`, which accepts exactly the requests this door let in.
-3. The ids (a 400 naming the header before any work is done), and the body: a JSON body that is
-   not an object is never valid, and LiteLLM would crash on it with a plain-text 500 (a 400 here).
+3. The ids (a 400 naming the header before any work is done), and the body: one larger than
+   `max_body_bytes` is a 413 (refused by its declared length before it is read, or as soon as it
+   grows past the limit), and a JSON body that is not an object is never valid (LiteLLM would crash
+   on it with a plain-text 500; a 400 here). The body is read whole here and replayed to the app.
 4. The rollout becomes the sampler's affinity key while the request is served
    (`agl_bridge.sampler.affinity`), so a remote sampler keeps a rollout on one server.
-5. Dispatch: our token routes (token-id `/v1/completions`, the LoRA routes) go to a bare app —
-   none of LiteLLM's middleware, logging or auth; everything else (and lifespan) goes to LiteLLM's
-   proxy app, whose self-written error bodies get a word `code` on the way out.
+5. Dispatch: a chat completion for a served model goes to `chat_route.ChatRoute` (the hot RL path,
+   no LiteLLM); our token routes (token-id `/v1/completions`, the LoRA routes) go to a bare app —
+   none of LiteLLM's middleware, logging or auth; everything else (other models, LiteLLM's routes and
+   protocol bridges, lifespan) goes to LiteLLM's proxy app, whose self-written error bodies get a
+   word `code` on the way out.
 Every refusal is shaped by `agl_bridge.proxy.errors`.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agl_bridge import semconv
+from agl_bridge.proxy.chat_route import CHAT_PATHS, ChatRoute
 from agl_bridge.proxy.errors import (
     AUTHENTICATION,
     ApiError,
@@ -39,10 +45,13 @@ from agl_bridge.proxy.errors import (
     send_error,
     with_word_codes,
 )
+from agl_bridge.proxy.request import route_of_headers
 from agl_bridge.sampler.affinity import sampling_affinity
 
 if TYPE_CHECKING:
     from fastapi.telemetry import TelemetryConfig
+
+    from agl_bridge.proxy.service import ChatService
 
 ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 _ROLLOUT_PATH = re.compile(r"^/rollout/(?P<rollout>[^/]*)/attempt/(?P<attempt>[^/]*)(?P<rest>/.*)?$")
@@ -54,8 +63,15 @@ NO_NATIVE_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "log
 and FastAPI's per-request spans would loop into `/v1/traces` once an agent in the same process
 installs a TracerProvider."""
 
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+"""The body limit when none is given (the server derives its own from the model: `server.max_request_bytes`)."""
+
 _ROLLOUT_HEADER = semconv.HEADER_ROLLOUT_ID.encode()
 _ATTEMPT_HEADER = semconv.HEADER_ATTEMPT_ID.encode()
+_ROUTE_HEADERS = frozenset(
+    h.encode() for h in (semconv.HEADER_ROLLOUT_ID, semconv.HEADER_ATTEMPT_ID, semconv.HEADER_AGENT_NAME)
+)
+_NOT_BLANK = re.compile(rb"[^ \t\r\n]")
 _ADMITTED = "agl.admitted"
 _NOT_JSON = (
     b"application/x-protobuf",
@@ -75,13 +91,25 @@ class Gateway:
     """The front door: rollout routing, the key, id and body checks, affinity, and dispatch.
 
     `app` is LiteLLM's proxy app; `routes` are ours, served from a bare app on their paths (any
-    method: a wrong one gets that app's 405).
+    method: a wrong one gets that app's 405); `chat` answers chat completions for served models.
     """
 
-    def __init__(self, app: ASGIApp, *, api_key: str, routes: Iterable[BaseRoute] = ()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        api_key: str,
+        routes: Iterable[BaseRoute] = (),
+        chat: ChatRoute | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
         if not api_key:
             raise ValueError("the gateway needs a non-empty API key")
+        if max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
         self.app = app
+        self.chat = chat
+        self.max_body_bytes = max_body_bytes
         self._key = api_key.encode()
         self.own = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, telemetry=NO_NATIVE_TELEMETRY)
         self.own.router.routes.extend(routes)
@@ -123,25 +151,60 @@ class Gateway:
         if problem is not None:
             await send_error(send, problem, protocol_of(path))
             return
+        protocol = protocol_of(path)
+        declared = _content_length(headers)
+        if declared is not None and declared > self.max_body_bytes:
+            await send_error(send, self._too_large(declared), protocol)
+            return
+        receive, body = await _read_body(receive, self.max_body_bytes)
+        if body is None:
+            await send_error(send, self._too_large(None), protocol)
+            return
         if _json_or_untyped(headers):
             # LiteLLM answers a JSON body that is not an object (a list, a string, null) with a
             # plain-text 500 from its auth layer, on GET routes too; such a body is never valid.
-            receive, first = await _peek_first_byte(receive)
-            if first is not None and first != b"{":
+            first = _NOT_BLANK.search(body)
+            if first is not None and body[first.start()] != ord("{"):
                 message = 'the request body must be a JSON object (e.g. {"model": ..., "messages": [...]})'
                 error = ApiError(400, message, param="request_body", code="invalid_value")
-                await send_error(send, error, protocol_of(path))
+                await send_error(send, error, protocol)
                 return
         scope.setdefault("state", {})[_ADMITTED] = True
-        app: ASGIApp = self.own
-        send_on = send
-        if path not in self._own_paths:
-            app, send_on = self.app, with_word_codes(send)
-        if rollout is None:
-            await app(scope, receive, send_on)
-            return
+        chat = self._served_chat(scope, path, body)
         with sampling_affinity(rollout):
-            await app(scope, receive, send_on)
+            if chat is not None:
+                chat_route, service, parsed = chat
+                route = route_of_headers({k.decode(): v.decode("latin-1") for k, v in headers if k in _ROUTE_HEADERS})
+                await chat_route(scope, receive, send, service=service, body=parsed, route=route)
+            elif path in self._own_paths:
+                await self.own(scope, receive, send)
+            else:
+                await self.app(scope, receive, with_word_codes(send))
+
+    def _served_chat(
+        self, scope: Scope, path: str, body: bytes
+    ) -> tuple[ChatRoute, ChatService, dict[str, Any]] | None:
+        """The chat route, service and parsed body of a chat completion for a served model; None for
+        LiteLLM's requests: a body that is not valid JSON, or asks for another model (or none)."""
+        if self.chat is None or path not in CHAT_PATHS or scope["method"] != "POST":
+            return None
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            return None
+        if not isinstance(parsed, dict):
+            return None
+        service = self.chat.service_for(parsed)
+        return None if service is None else (self.chat, service, parsed)
+
+    def _too_large(self, size: int | None) -> ApiError:
+        told = f"is {size} bytes" if size is not None else "is longer than that"
+        message = (
+            f"the request body {told}; this server accepts at most {self.max_body_bytes} bytes (agl-bridge serve "
+            "--max-request-mb), more than any prompt that fits the model's context window needs: shorten the "
+            "messages (e.g. truncate long tool outputs)"
+        )
+        return ApiError(413, message, param="request_body", code="request_too_large")
 
     def _authorized(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
         for name, value in headers:
@@ -190,25 +253,37 @@ def _json_or_untyped(headers: list[tuple[bytes, bytes]]) -> bool:
     return True
 
 
-async def _peek_first_byte(receive: Receive) -> tuple[Receive, bytes | None]:
-    """Read the body up to its first non-blank byte; a `receive` that replays what was read, and that byte."""
-    buffered: list[Message] = []
-    first = None
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The declared body length, if the request declares a valid one."""
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+async def _read_body(receive: Receive, limit: int) -> tuple[Receive, bytes | None]:
+    """Read the whole body (None once it grows past `limit`); a `receive` that replays it to the app."""
+    chunks: list[bytes] = []
+    size = 0
+    pending: list[Message] = []
     while True:
         message = await receive()
-        buffered.append(message)
-        if message["type"] != "http.request":
+        if message["type"] != "http.request":  # the client left: the app sees that after the body so far
+            pending.append(message)
             break
-        stripped = message.get("body", b"").lstrip(b" \t\r\n")
-        if stripped:
-            first = stripped[:1]
-            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return receive, None
+        chunks.append(chunk)
         if not message.get("more_body", False):
             break
+    body = b"".join(chunks)
+    pending.insert(0, {"type": "http.request", "body": body, "more_body": False})
 
     async def replay() -> Message:
-        if buffered:
-            return buffered.pop(0)
+        if pending:
+            return pending.pop(0)
         return await receive()
 
-    return replay, first
+    return replay, body

@@ -23,6 +23,7 @@ from agl_bridge.proxy.gateway import admitted
 from agl_bridge.proxy.provider import PROVIDER_NAME, AglProvider, attach_request
 from agl_bridge.proxy.recording import CallRecorder
 from agl_bridge.proxy.request import RequestError, route_of
+from agl_bridge.proxy.service import check_response_format
 from agl_bridge.types import Usage
 
 logger = logging.getLogger(__name__)
@@ -72,17 +73,11 @@ class ModelCheck(CustomLogger):
         if model not in served:
             message = f"model {model!r} is not served here; served models: {', '.join(sorted(served))}"
             raise to_proxy_exception(RequestError(message, "model", code="model_not_found", status=404))
-        response_format = data.get("response_format")
-        if response_format is not None and not (
-            isinstance(response_format, dict) and isinstance(response_format.get("type"), str)
-        ):
-            # LiteLLM's own parameter mapping raises on it and answers 500
-            message = f'response_format must be an object like {{"type": "json_object"}}, got {response_format!r:.100}'
-            raise to_proxy_exception(RequestError(message, "response_format"))
-        if call_type not in _CHAT_CALL_TYPES:
-            return data
-        service = self.provider.find(model)
         try:
+            check_response_format(data)  # for every model: LiteLLM's own parameter mapping answers it with a 500
+            if call_type not in _CHAT_CALL_TYPES:
+                return data
+            service = self.provider.find(model)
             if service is not None:
                 # A served name maps to our own entry `agl/<name>` alone (the config refuses clashes),
                 # whose call parameters are the body's: parse it once, here, for the provider.

@@ -13,10 +13,8 @@ every chunk carries the ids of the tokens whose text it holds.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from litellm import CustomLLM
@@ -34,9 +32,10 @@ from litellm.types.utils import (
 
 from agl_bridge.chat import PromptEncoding, ToolCall
 from agl_bridge.proxy.errors import to_litellm_error
+from agl_bridge.proxy.openai_wire import logprobs_content, response_id, token_texts, tool_call_deltas
 from agl_bridge.proxy.request import ChatRequest, ChatResult, RequestError, RolloutRoute, route_of
 from agl_bridge.proxy.service import ChatService
-from agl_bridge.proxy.streaming import FinalPiece, StreamDelta
+from agl_bridge.proxy.streaming import StreamDelta
 from agl_bridge.sampler.remote_errors import RemoteSamplerError
 from agl_bridge.store.errors import StoreError
 
@@ -162,7 +161,12 @@ def _fill_response(
             content=choice.message.content, role="assistant", tool_calls=_tool_calls(choice.message.tool_calls)
         )
         logprobs = (
-            _logprobs(service, choice.sequence.tokens, choice.sequence.logprobs, choice.top_logprobs)
+            logprobs_content(
+                token_texts(service.codec.tokenizer),
+                choice.sequence.tokens,
+                choice.sequence.logprobs,
+                choice.top_logprobs,
+            )
             if request.logprobs
             else None
         )
@@ -189,14 +193,14 @@ async def _stream_chunks(
     With `top_logprobs`, a choice's content is held back whole and sent in its last chunk: the
     alternatives are scored once sampling has ended, and every token's entry must carry them.
     """
-    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    stream_id = response_id()
     created = int(time.time())
     prompt_ids: list[int] | None = None
     held: dict[int, StreamDelta] = {}
 
     def make_chunk(choice: StreamingChoices, usage: Usage | None = None) -> ModelResponseStream:
         nonlocal prompt_ids
-        out = ModelResponseStream(id=response_id, created=created, model=model, choices=[choice])
+        out = ModelResponseStream(id=stream_id, created=created, model=model, choices=[choice])
         if prompt_ids is not None:
             # vLLM sends the prompt ids once, on the first chunk
             out.prompt_token_ids = prompt_ids  # type: ignore[attr-defined]  # vLLM's extra field
@@ -215,7 +219,7 @@ async def _stream_chunks(
         elif isinstance(item, StreamDelta):
             previous = held.get(item.index)
             if previous is not None and request.top_logprobs:
-                held[item.index] = _joined(previous, item)
+                held[item.index] = previous.extended(item)
                 continue
             held[item.index] = item
             if previous is not None:
@@ -227,18 +231,12 @@ async def _stream_chunks(
                 final = _streaming_choice(
                     service,
                     request,
-                    _joined(before, piece),
-                    tool_calls=_tool_call_deltas(piece.message.tool_calls) or None,
+                    before.extended(piece),
+                    tool_calls=tool_call_deltas(piece.message.tool_calls) or None,
                     top=choice.top_logprobs if request.top_logprobs else None,
                 )
                 final.finish_reason = choice.message.finish_reason
                 yield make_chunk(final, usage=_usage(item) if position == last else None)
-
-
-def _joined(before: StreamDelta, after: StreamDelta | FinalPiece) -> StreamDelta:
-    return StreamDelta(
-        before.index, before.text + after.text, before.token_ids + after.token_ids, before.logprobs + after.logprobs
-    )
 
 
 def _streaming_choice(
@@ -252,7 +250,9 @@ def _streaming_choice(
     out = StreamingChoices(
         index=delta.index,
         delta=Delta(role="assistant", content=delta.text, tool_calls=tool_calls),
-        logprobs=_logprobs(service, delta.token_ids, delta.logprobs, top) if request.logprobs else None,
+        logprobs=logprobs_content(token_texts(service.codec.tokenizer), delta.token_ids, delta.logprobs, top)
+        if request.logprobs
+        else None,
     )
     if request.return_token_ids:
         out.token_ids = list(delta.token_ids)  # type: ignore[attr-defined]  # vLLM's extra field
@@ -270,50 +270,8 @@ def _tool_calls(calls: list[ToolCall]) -> list[ChatCompletionMessageToolCall] | 
     ]
 
 
-def _tool_call_deltas(calls: list[ToolCall]) -> list[dict[str, Any]]:
-    return [
-        {
-            "index": i,
-            "id": c.id,
-            "type": "function",
-            "function": {"name": c.function.name, "arguments": c.function.arguments},
-        }
-        for i, c in enumerate(calls)
-    ]
-
-
 def _usage(result: ChatResult) -> Usage:
     prompt = len(result.prompt_token_ids)
     return Usage(
         prompt_tokens=prompt, completion_tokens=result.completion_tokens, total_tokens=prompt + result.completion_tokens
     )
-
-
-def _logprobs(
-    service: ChatService, tokens: list[int], logprobs: list[float], top: list[list[tuple[int, float]]] | None
-) -> dict[str, Any]:
-    """OpenAI `logprobs.content`: each token's text, raw logprob, bytes and (if asked) alternatives."""
-    text_of = _token_texts(service)
-    content = []
-    for position, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True)):
-        text = text_of(token)
-        alternatives = (
-            []
-            if top is None
-            else [{"token": text_of(t), "logprob": lp, "bytes": list(text_of(t).encode())} for t, lp in top[position]]
-        )
-        content.append({"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": alternatives})
-    return {"content": content}
-
-
-def _token_texts(service: ChatService) -> Any:
-    return _cached_decoder(id(service.codec.tokenizer), service.codec.tokenizer)
-
-
-@lru_cache(maxsize=8)
-def _cached_decoder(_key: int, tokenizer: Any) -> Any:
-    @lru_cache(maxsize=65536)
-    def text_of(token: int) -> str:
-        return tokenizer.decode([token], skip_special_tokens=False)
-
-    return text_of

@@ -79,6 +79,8 @@ class ChatRequest:
     top_logprobs: int
     return_token_ids: bool
     chat_template_kwargs: dict[str, Any] | None
+    text_chars: int = 0
+    """About how many characters of text the messages and tools hold (decides where they are encoded)."""
 
 
 @dataclass

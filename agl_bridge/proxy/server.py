@@ -32,8 +32,9 @@ import yaml
 from fastapi import APIRouter
 from starlette.routing import BaseRoute
 
-from agl_bridge.chat import ChatCodec
+from agl_bridge.chat import ChatCodec, TextBound
 from agl_bridge.proxy.adapters import AdapterRegistry, make_adapter_router
+from agl_bridge.proxy.chat_route import ChatRoute
 from agl_bridge.proxy.completions import make_completions_router
 from agl_bridge.proxy.errors import install_error_handlers
 from agl_bridge.proxy.gateway import NO_NATIVE_TELEMETRY, Gateway
@@ -52,6 +53,24 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
+MIN_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+"""The smallest default body limit: room for LiteLLM's other routes and OTLP span batches."""
+JSON_BYTES_PER_CHAR = 6
+"""The most bytes JSON spends on one character of text (`\\u00XX`)."""
+FALLBACK_CHARS_PER_TOKEN = 32
+"""Characters per token assumed for a tokenizer with no known bound (`agl_bridge.chat.text_bound`)."""
+
+
+def max_request_bytes(bound: TextBound, max_context: int) -> int:
+    """The default request-body limit: no smaller than the largest body a prompt that fits could need.
+
+    A prompt that fits has at most `max_context` tokens, each standing for at most
+    `bound.chars_per_token` characters, each at most `JSON_BYTES_PER_CHAR` bytes of JSON; at least
+    `MIN_MAX_REQUEST_BYTES`. With the tiny model that is 4 MiB at 4,096 tokens and 24 MiB at 65,536;
+    with a 40,960-token Qwen3 (entries of up to ~64 bytes, NFC) about 60 MiB.
+    """
+    chars = bound.chars_per_token or FALLBACK_CHARS_PER_TOKEN
+    return max(MIN_MAX_REQUEST_BYTES, JSON_BYTES_PER_CHAR * chars * max_context)
 
 
 class ProxyStartError(RuntimeError):
@@ -154,6 +173,7 @@ class ProxyServer:
         litellm_config_path: str | os.PathLike[str] | None = None,
         default_max_tokens: int = 1024,
         rollout_idle_timeout_s: float | None = None,
+        max_request_bytes: int | None = None,
     ) -> None:
         if rollout_idle_timeout_s is not None and not rollout_idle_timeout_s > 0:
             raise ProxyStartError(f"the rollout idle timeout must be > 0 seconds, got {rollout_idle_timeout_s!r}")
@@ -168,6 +188,9 @@ class ProxyServer:
         self.port = self._socket.getsockname()[1]
         self._user_config = None if litellm_config_path is None else Path(litellm_config_path)
         self.default_max_tokens = default_max_tokens
+        if max_request_bytes is not None and max_request_bytes < 1:
+            raise ProxyStartError(f"the request body limit must be at least 1 byte, got {max_request_bytes}")
+        self.max_request_bytes = max_request_bytes or _default_limit(self.codec, sampler)
         self.store: SQLiteStore | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._uvicorn: Any = None
@@ -266,6 +289,8 @@ class ProxyServer:
                 self._litellm_app(provider, recorder, make_traces_router(self.store)),
                 api_key=self.api_key,
                 routes=self._token_routes(provider) + make_lifecycle_router(self._open_store).routes,
+                chat=ChatRoute({service.model_name: service}.get),
+                max_body_bytes=self.max_request_bytes,
             )
             config = uvicorn.Config(
                 front,
@@ -380,6 +405,10 @@ class ProxyServer:
         if hasattr(self.sampler, "load_lora"):
             routes += make_adapter_router(self.sampler, adapters).routes
         return routes
+
+
+def _default_limit(codec: ChatCodec, sampler: TokenSampler) -> int:
+    return max_request_bytes(codec.text_bound, sampler.max_context)
 
 
 def _without_native_telemetry(app: Any) -> None:

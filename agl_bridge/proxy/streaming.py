@@ -26,6 +26,12 @@ class StreamDelta:
     token_ids: list[int]
     logprobs: list[float]
 
+    def extended(self, after: StreamDelta | FinalPiece) -> StreamDelta:
+        """This delta followed by `after` (text, ids and logprobs joined), for content sent later in one piece."""
+        return StreamDelta(
+            self.index, self.text + after.text, self.token_ids + after.token_ids, self.logprobs + after.logprobs
+        )
+
 
 @dataclass
 class FinalPiece:

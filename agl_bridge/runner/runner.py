@@ -120,11 +120,14 @@ class Runner:
     async def run(self, tasks: Iterable[Any], *, group_prefix: str | None = None) -> list[RolloutOutcome]:
         """Run every task `group_size` times; rollouts of one task share a group id."""
         prefix = group_prefix or f"g-{uuid.uuid4().hex[:8]}"
-        rollouts = []
-        for index, task in enumerate(tasks):
-            group_id = f"{prefix}-{index}"
-            for _ in range(self.config.group_size):
-                rollouts.append(await self.store.create_rollout(task, group_id=group_id))
+        # Created together, so that the store commits them in one transaction rather than one by one.
+        rollouts = await asyncio.gather(
+            *(
+                self.store.create_rollout(task, group_id=f"{prefix}-{index}")
+                for index, task in enumerate(tasks)
+                for _ in range(self.config.group_size)
+            )
+        )
         limit = asyncio.Semaphore(self.config.concurrency)
         # Every rollout was created with a group id just above.
         return list(

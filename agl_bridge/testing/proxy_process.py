@@ -77,6 +77,7 @@ def start_proxy(
     token_delay_s: float = 0.0,
     tokens: int = 8,
     api_key: str = "sk-reliability",
+    max_request_bytes: int | None = None,
 ) -> ProxyProcess:
     """Start `agl_bridge.testing.serve` on a free port and wait until it answers; the caller must `stop()` it."""
     command = [
@@ -96,6 +97,8 @@ def start_proxy(
         "--key",
         api_key,
     ]
+    if max_request_bytes is not None:
+        command += ["--max-request-bytes", str(max_request_bytes)]
     log = (store.parent / f"{store.stem}.proxy.log").open("a")
     env = child_env()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_PARENT), env.get("PYTHONPATH")]))

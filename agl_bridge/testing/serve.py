@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--token-delay", type=float, default=0.0)
     parser.add_argument("--key", default="sk-reliability")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--max-request-bytes", type=int, default=None, help="the body limit (default: the server's)")
     args = parser.parse_args()
     _die_with_parent()
     from agl_bridge.models.loading import load_tokenizer
@@ -100,6 +101,7 @@ def main() -> None:
         port=args.port,
         api_key=args.key,
         default_max_tokens=64,
+        max_request_bytes=args.max_request_bytes,
     )
     signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn handles the first SIGTERM itself
     try:

@@ -105,11 +105,6 @@ def test_split_characters_stream_whole_and_end_of_turn_is_stripped(
         assert call.response_token_ids == ids and call.response_text == text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="LiteLLM's stream wrapper drops a chunk without content: when the model's whole reply is "
-    "<|im_end|>, the stream carries neither prompt_token_ids nor that choice's token_ids (the store has them)",
-)
 def test_an_empty_reply_still_streams_its_token_ids(proxy_server: Any, tiny_tokenizer: Any) -> None:
     rid = new_id("empty")
     im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")

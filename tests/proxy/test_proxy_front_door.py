@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from agl_bridge.proxy.chat_route import ChatRoute
 from agl_bridge.proxy.gateway import Gateway
 from agl_bridge.sampler.affinity import current_affinity
 
@@ -50,6 +51,63 @@ async def test_the_gateway_dispatches_our_routes_past_litellm_with_the_rollout_a
     assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == "method_not_allowed"
     assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
     assert current_affinity() is None
+
+
+class _Chat(ChatRoute):
+    """A chat route serving model "tiny" that answers "direct" and remembers what it was handed."""
+
+    def __init__(self) -> None:
+        super().__init__({"tiny": Any}.get)  # type: ignore[arg-type]  # no real service: never called
+        self.seen: list[tuple[Any, str | None, str | None]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any, *, service: Any, body: Any, route: Any) -> None:
+        self.seen.append((body["model"], route.rollout_id, current_affinity()))
+        await PlainTextResponse("direct")(scope, receive, send)
+
+
+async def test_chat_for_a_served_model_is_answered_at_the_front_door_and_everything_else_by_litellm() -> None:
+    litellm, chat = _App(), _Chat()
+    gateway = Gateway(litellm, api_key="sk-right", chat=chat)
+    key = {"Authorization": "Bearer sk-right"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway), base_url="http://front") as client:
+        served = await client.post(
+            "/rollout/ro-1/attempt/at-1/v1/chat/completions", json={"model": "tiny"}, headers=key
+        )
+        bare_path = await client.post("/chat/completions", json={"model": "tiny"}, headers=key)
+        judge = await client.post("/v1/chat/completions", json={"model": "judge"}, headers=key)
+        no_model = await client.post("/v1/chat/completions", json={"messages": []}, headers=key)
+        broken = await client.post("/v1/chat/completions", content=b'{"model": "tiny",', headers=key)
+        bridged = await client.post("/v1/responses", json={"model": "tiny"}, headers=key)
+    assert [r.text for r in (served, bare_path)] == ["direct", "direct"]
+    assert chat.seen == [("tiny", "ro-1", "ro-1"), ("tiny", None, None)]
+    assert [r.text for r in (judge, no_model, broken, bridged)] == ["litellm"] * 4
+    assert [path for path, _ in litellm.seen] == ["/v1/chat/completions"] * 3 + ["/v1/responses"]
+
+
+async def test_a_body_over_the_limit_is_refused_with_413_declared_or_chunked() -> None:
+    litellm, chat = _App(), _Chat()
+    gateway = Gateway(litellm, api_key="sk-right", chat=chat, max_body_bytes=1000)
+    key = {"Authorization": "Bearer sk-right"}
+
+    async def chunks() -> Any:
+        for _ in range(3):
+            yield b"x" * 600
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway), base_url="http://front") as client:
+        declared = await client.post("/v1/chat/completions", content=b"{" + b" " * 1000 + b"}", headers=key)
+        chunked = await client.post("/v1/embeddings", content=chunks(), headers=key)
+        at_limit = await client.post("/v1/chat/completions", json={"model": "tiny", "pad": "x" * 960}, headers=key)
+    for refused in (declared, chunked):
+        assert refused.status_code == 413
+        error = refused.json()["error"]
+        assert (error["param"], error["code"], error["type"]) == (
+            "request_body",
+            "request_too_large",
+            "invalid_request_error",
+        )
+        assert "at most 1000 bytes" in error["message"] and "--max-request-mb" in error["message"]
+    assert at_limit.text == "direct"
+    assert litellm.seen == [] and len(chat.seen) == 1
 
 
 def test_litellm_trusts_the_gateway_instead_of_checking_the_key_again(proxy_server: Any) -> None:

@@ -87,7 +87,7 @@ def _check_stream(chunks: list[Any], calls: list[Any], tokenizer: Any, n: int) -
         assert ids == call.response_token_ids
         assert text == decode(tokenizer, strip_end_of_turn(tokenizer, call.response_token_ids)) == call.response_text
         assert all("token_ids" in (c.model_extra or {}) for c in mine if c.delta.content)
-        if n == 1:  # with n > 1 LiteLLM's stream wrapper mixes up finish reasons: see the xfail below
+        if n == 1:  # n > 1: test_streaming_with_two_choices_gives_each_its_own_finish_reason
             assert [c.finish_reason for c in mine if c.finish_reason] == [call.finish_reason]
 
 
@@ -124,11 +124,6 @@ async def test_async_streaming_with_two_choices(proxy_server: Any, tiny_tokenize
     _check_stream(chunks, calls, tiny_tokenizer, 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="LiteLLM's CustomStreamWrapper keeps one finish_reason per stream: with n > 1 it sends a single "
-    "finish chunk, for index 0, carrying the reason of whichever choice finished last",
-)
 def test_streaming_with_two_choices_gives_each_its_own_finish_reason(proxy_server: Any, tiny_tokenizer: Any) -> None:
     rid = new_id("finish")
     long = tiny_tokenizer.encode("one two three four five six seven eight nine ten", add_special_tokens=False)

@@ -1,0 +1,137 @@
+"""The served models' chat completions, answered at the front door: the hot RL path, without LiteLLM.
+
+An agent's `POST /v1/chat/completions` for a model this proxy serves is parsed by its `ChatService`
+(the same validation as on every other path), sampled, recorded and answered here, in OpenAI's
+wire format built with the `openai` package's types (`openai_wire`). LiteLLM's request pipeline —
+its middleware, auth, router, callbacks and success logging — cost about 8 ms of CPU per request
+and served nothing the RL path needs; every other model, route and protocol bridge (Responses,
+Anthropic) still goes through LiteLLM (`gateway.Gateway` decides, from the body's `model`).
+
+Refusals are shaped by `errors`. A stream's first chunk is produced before its response starts,
+so a request that fails before any token is sampled gets a plain JSON error with its status; a
+failure after that ends the stream with an `error` event (the `openai` client raises it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from openai.types.chat import ChatCompletionChunk
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from agl_bridge.proxy.errors import ApiError, api_error, error_body, send_error
+from agl_bridge.proxy.openai_wire import ChunkWriter, completion, token_texts
+from agl_bridge.proxy.request import ChatRequest, RequestError, RolloutRoute
+from agl_bridge.proxy.service import ChatService
+
+logger = logging.getLogger(__name__)
+
+CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+"""The paths whose requests for a served model are answered here (LiteLLM serves the same two)."""
+
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class ChatRoute:
+    """Answers chat completions for the models `find` knows (served name → its `ChatService`)."""
+
+    def __init__(self, find: Callable[[str], ChatService | None]) -> None:
+        self.find = find
+
+    def service_for(self, body: Mapping[str, Any]) -> ChatService | None:
+        """The service that answers `body` here, or None when LiteLLM should (another model, no model)."""
+        model = body.get("model")
+        return self.find(model) if isinstance(model, str) else None
+
+    async def __call__(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        *,
+        service: ChatService,
+        body: Mapping[str, Any],
+        route: RolloutRoute,
+    ) -> None:
+        """Answer one chat request (the body already parsed, its model served by `service`)."""
+        model = str(body["model"])
+        try:
+            request = service.parse_request(body)
+            stream, include_usage = _stream_options(body)
+            if not stream:
+                result = await service.complete(request, route)
+                payload = completion(model, request, result, token_texts(service.codec.tokenizer))
+                data = payload.model_dump_json(exclude_unset=True).encode()
+                headers = [*_JSON_HEADERS, (b"content-length", str(len(data)).encode())]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": data})
+                return
+            writer = ChunkWriter(model, request, token_texts(service.codec.tokenizer), include_usage=include_usage)
+            chunks = _chunks(service, request, route, writer)
+            first = await anext(chunks)  # failures before the first chunk get a JSON error with their status
+        except Exception as exc:  # every refusal and failure is answered in OpenAI's shape
+            await send_error(send, _logged(api_error(exc), exc, scope))
+            return
+        response = StreamingResponse(
+            _events(first, chunks, scope), media_type="text/event-stream", headers=_SSE_HEADERS
+        )
+        await response(scope, receive, send)
+
+
+async def _chunks(
+    service: ChatService, request: ChatRequest, route: RolloutRoute, writer: ChunkWriter
+) -> AsyncIterator[ChatCompletionChunk]:
+    async for item in service.stream(request, route):
+        for chunk in writer.chunks(item):
+            yield chunk
+
+
+async def _events(
+    first: ChatCompletionChunk, chunks: AsyncIterator[ChatCompletionChunk], scope: Scope
+) -> AsyncIterator[bytes]:
+    """Server-sent events: each chunk, then `[DONE]`; a failure mid-stream becomes an `error` event."""
+    yield _event(first)
+    try:
+        async for chunk in chunks:
+            yield _event(chunk)
+    except Exception as exc:  # the status is sent already: the error goes in the stream
+        error = _logged(api_error(exc), exc, scope)
+        yield b"data: " + json.dumps(error_body(error)).encode() + b"\n\n"
+        return
+    yield b"data: [DONE]\n\n"
+
+
+def _event(chunk: ChatCompletionChunk) -> bytes:
+    return b"data: " + chunk.model_dump_json(exclude_unset=True).encode() + b"\n\n"
+
+
+def _logged(error: ApiError, exc: BaseException, scope: Scope) -> ApiError:
+    """`error`, with the traceback of a server-side failure (5xx) in the log."""
+    if error.status >= 500:
+        logger.error("serving %s failed", scope.get("path"), exc_info=exc)
+    return error
+
+
+def _stream_options(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(`stream`, `stream_options.include_usage`), validated."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise RequestError(f"stream must be true or false, got {stream!r:.100}", "stream")
+    options = body.get("stream_options")
+    if options is None:
+        return bool(stream), False
+    if not isinstance(options, dict):
+        message = f'stream_options must be an object like {{"include_usage": true}}, got {options!r:.100}'
+        raise RequestError(message, "stream_options")
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise RequestError(
+            f"stream_options.include_usage must be true or false, got {include_usage!r:.100}",
+            "stream_options.include_usage",
+        )
+    return bool(stream), bool(include_usage)
