@@ -1,7 +1,7 @@
 """Oversized requests against a proxy while small ones are timed: does one huge request stall the others?
 
 An agent with a huge tool output sends megabytes. `measure_oversize` times small chat requests from
-a few rollouts with the proxy idle, then again while another process keeps sending oversized
+a few rollouts with the proxy idle and, in alternating blocks, while another process keeps sending oversized
 requests (a 10 MB body with its length declared, the same chunked, a 3.5 MB prompt that cannot fit
 the tiny model's context, a 30,000-character one that must be tokenized to know), and reports both
 p99s, the refusals seen, and how far the proxy's peak RSS rose. The proxy is to be started with
@@ -17,7 +17,7 @@ import multiprocessing
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,25 +72,40 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[max(0, -(-len(ordered) * int(p) // 100) - 1)]
 
 
-def measure_oversize(proxy: ProxyProcess, small_requests: int = 240) -> OversizeReport:
-    """Time `small_requests` small requests idle, then while oversized ones are sent (from another process)."""
+def measure_oversize(proxy: ProxyProcess, small_requests: int = 240, rounds: int = 4) -> OversizeReport:
+    """Time `small_requests` small requests idle and as many while oversized ones are sent (from another process).
+
+    Idle and loaded blocks alternate over `rounds`, so load from outside (other processes on the machine)
+    that comes and goes falls on both alike rather than on whichever phase it happened to meet.
+    """
     headers = {"Authorization": f"Bearer {proxy.api_key}", "Content-Type": "application/json"}
-    asyncio.run(_small_latencies(proxy, headers, small_requests))  # warm-up
-    idle = asyncio.run(_small_latencies(proxy, headers, small_requests))
+    per_block = max(SMALL_CLIENTS, small_requests // rounds)
+    asyncio.run(_small_latencies(proxy, headers, per_block))  # warm-up
     rss_before = _status_mib(proxy.process.pid, "VmRSS")
     # Another process, as another agent would: sending megabytes would otherwise hold this process's
     # GIL and delay the small requests' own client.
     context = multiprocessing.get_context("fork")
     answers = context.Queue()
-    stop = context.Event()
-    sender = context.Process(target=_send_oversized, args=(proxy.rollout_url("ro-huge", "a0"), headers, stop, answers))
+    sending, paused, stop = context.Event(), context.Event(), context.Event()
+    sender = context.Process(
+        target=_send_oversized, args=(proxy.rollout_url("ro-huge", "a0"), headers, sending, paused, stop, answers)
+    )
     sender.start()
+    idle: list[float] = []
+    loaded: list[float] = []
     refusals: Counter[tuple[int, str]] = Counter()
     try:
-        refusals[answers.get(timeout=120)] += 1  # the sender is under way
-        loaded = asyncio.run(_small_latencies(proxy, headers, small_requests))
+        for _ in range(rounds):
+            idle += asyncio.run(_small_latencies(proxy, headers, per_block))
+            sending.set()
+            refusals[answers.get(timeout=120)] += 1  # the sender is under way
+            loaded += asyncio.run(_small_latencies(proxy, headers, per_block))
+            sending.clear()
+            if not paused.wait(timeout=120):
+                raise AssertionError("the oversized sender did not pause within 120 s")
     finally:
         stop.set()
+        sending.set()
         sender.join(120)
         if sender.is_alive():
             sender.kill()
@@ -121,23 +136,38 @@ async def _small_latencies(proxy: ProxyProcess, headers: dict[str, str], request
     return times
 
 
-def _send_oversized(base_url: str, headers: dict[str, str], stop: Any, answers: Any) -> None:
-    """Send oversized requests one after another until `stop`; put each (status, code) on `answers`."""
+def _send_oversized(base_url: str, headers: dict[str, str], sending: Any, paused: Any, stop: Any, answers: Any) -> None:
+    """While `sending` is set, send oversized requests one after another; put each (status, code) on `answers`.
+
+    `paused` is set while the sender waits for `sending`: no oversized request is in flight then.
+    """
     words = _chat_body("word " * 2_000_000)  # 10 MB: far over the limit
     cannot_fit = _chat_body("word " * 700_000)  # 3.5 MB: under the limit, but no 3.5 MB text fits 64k tokens
     # 30,000 CJK characters: by their length as few as 469 tokens (16 bytes a token, NFC), so they must be
     # tokenized to know; the tiny tokenizer makes ~90,000 tokens of them (3 bytes each), over a 64k window.
     might_fit = _chat_body("".join(chr(0x4E00 + (i * 7919) % 20_000) for i in range(30_000)))
 
-    def chunked(data: bytes) -> Iterator[bytes]:  # no Content-Length: refused once it grows past the limit
-        for start in range(0, len(data), 1 << 20):
-            yield data[start : start + (1 << 20)]
+    def chunked() -> Iterator[bytes]:  # no Content-Length: refused once it grows past the limit
+        for start in range(0, len(words), 1 << 20):
+            yield words[start : start + (1 << 20)]
 
+    bodies: list[Callable[[], bytes | Iterator[bytes]]] = [
+        lambda: words,
+        chunked,
+        lambda: cannot_fit,
+        lambda: might_fit,
+    ]
+    sent = 0
     with httpx.Client(base_url=base_url, headers=headers, timeout=60) as client:
         while not stop.is_set():
-            for content in (words, chunked(words), cannot_fit, might_fit):
-                response = client.post("/chat/completions", content=content)
-                answers.put((response.status_code, str(response.json()["error"]["code"])))
+            if not sending.is_set():
+                paused.set()
+                sending.wait()
+                paused.clear()
+                continue
+            response = client.post("/chat/completions", content=bodies[sent % len(bodies)]())
+            answers.put((response.status_code, str(response.json()["error"]["code"])))
+            sent += 1
 
 
 def _status_mib(pid: int, field: str) -> float:

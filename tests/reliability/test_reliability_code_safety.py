@@ -49,8 +49,8 @@ SQL_INTERPOLATIONS: dict[str, set[str]] = {
         "max(1, int(self._max_db_bytes) // int(page_size))",
         "self._synchronous",
     },  # checked against SYNCHRONOUS_MODES in __init__
-    "store/schema.py": {"VERSION_TABLE"},
-    "store/sqlite_rollouts.py": {"ROLLOUT_SELECT", "ATTEMPT_SELECT"},
+    "store/schema.py": {"VERSION_TABLE", "_ATTEMPTS_DDL"},
+    "store/sqlite_rollouts.py": {"ROLLOUT_SELECT", "ATTEMPT_SELECT", "assignments"},  # assignments: fixed column names
     "store/sqlite.py": {
         "ROLLOUT_SELECT",
         "ATTEMPT_SELECT",
