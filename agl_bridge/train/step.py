@@ -3,7 +3,8 @@
 `TrainingClient.forward_backward` splits the batch into micro-batches of at most `max_batch_tokens`
 padded tokens (the one knob that bounds memory) and adds up their gradients; `train_step` takes one
 AdamW step on the sum and returns the metrics a run logs. Online GRPO, offline GRPO and the
-supervised warm start differ only in their datums and their `StepSettings`.
+supervised warm start differ only in their datums and their `StepSettings`; DPO takes the same step
+with its custom loss.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agl_bridge.train.client import AdamParams, TrainingClient
+from agl_bridge.train.client import AdamParams, CustomLossFn, TrainingClient
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.datum import Datum
 
@@ -22,23 +23,31 @@ TRAIN_KEYS = ("loss", "grad_norm", "lr", "ratio_mean", "logprob_diff_abs_mean", 
 
 @dataclass(frozen=True)
 class StepSettings:
-    """What one step optimises and how: the loss, its settings, and the AdamW hyper-parameters."""
+    """What one step optimises and how: the loss (a built-in's name, or a custom loss function for
+    `forward_backward_custom`), its settings, and the AdamW hyper-parameters."""
 
-    loss_fn: str
+    loss_fn: str | CustomLossFn
     loss_config: dict[str, Any] | None
     adam: AdamParams
 
 
 def grpo_settings(config: GRPOConfig) -> StepSettings:
-    """The GRPO step of a run config: its loss (TIS cap for importance sampling, clip ratios for ppo / cispo)."""
+    """The GRPO step of a run config: its loss with the clip ratios and the rollout correction.
+
+    importance_sampling always takes the correction keys (token TIS at `tis_cap` by default); the
+    clipped losses (ppo, cispo, gspo) take them only with `rollout_correction` set (decoupled mode),
+    else their ratio against the sampler is the correction (bypass mode).
+    """
     loss_config: dict[str, Any] = {"kl_coef": config.kl_coef}
-    if config.loss_fn == "importance_sampling" and config.tis_cap is not None:
-        loss_config["tis_cap"] = config.tis_cap
-    if config.loss_fn in ("ppo", "cispo"):
-        loss_config |= {
-            "clip_low_threshold": config.clip_low_threshold,
-            "clip_high_threshold": config.clip_high_threshold,
-        }
+    if config.loss_fn == "importance_sampling" or config.rollout_correction is not None:
+        if config.rollout_correction is not None:
+            loss_config["correction_level"] = config.rollout_correction
+        if config.tis_cap is not None:
+            loss_config["tis_cap"] = config.tis_cap
+        loss_config |= config.masking_keys()
+    if config.loss_fn in ("ppo", "cispo", "gspo"):
+        low, high = config.clip_thresholds()
+        loss_config |= {"clip_low_threshold": low, "clip_high_threshold": high}
     adam = AdamParams(
         learning_rate=config.learning_rate,
         beta1=config.beta1,
@@ -57,7 +66,10 @@ async def train_step(client: TrainingClient, datums: list[Datum], settings: Step
     if not datums:
         return {key: None for key in TRAIN_KEYS} | {"trained_tokens": 0, "time_forward_backward_s": 0.0}
     began = time.perf_counter()
-    output = await client.forward_backward_async(datums, settings.loss_fn, settings.loss_config)
+    if isinstance(settings.loss_fn, str):
+        output = await client.forward_backward_async(datums, settings.loss_fn, settings.loss_config)
+    else:
+        output = await client.forward_backward_custom_async(datums, settings.loss_fn)
     optim = await client.optim_step_async(settings.adam)
     compute = time.perf_counter() - began
     metrics: dict[str, Any] = {key: value for key, value in output.metrics.items() if key != "time_s"}
