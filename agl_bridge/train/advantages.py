@@ -40,7 +40,7 @@ Advantage = float | list[list[float]]
 class AdvantageBatch:
     """Trajectories with their advantage, plus what was dropped and how many trajectories were seen."""
 
-    items: list[tuple[Trajectory, Advantage]] = field(default_factory=list)
+    items: list[tuple[Trajectory, float]] = field(default_factory=list)
     groups: int = 0
     groups_dropped_zero_variance: int = 0
     trajectories: int = 0

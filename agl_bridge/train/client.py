@@ -785,8 +785,8 @@ def _check_mergeable(lora_layers: dict[str, Any]) -> None:
         base = layer.get_base_layer()
         if type(base) not in MERGEABLE_LAYERS:
             raise ValueError(
-                f"LoRA target {name!r} is a {type(base).__name__}, which the sampler cannot merge an adapter into "
-                "(only linear layers); leave it out of target_modules / lora_target_modules — the default "
+                f"LoRA target {name!r} is of type {type(base).__name__}, which the sampler cannot merge an adapter "
+                "into (only linear layers); leave it out of target_modules / lora_target_modules — the default "
                 '"all-linear" adapts only mergeable layers'
             )
 

@@ -55,7 +55,13 @@ from agl_bridge.runner.recovery import fail_interrupted
 from agl_bridge.runner.runner import AgentFunction
 from agl_bridge.sampler.factory import build_sampler
 from agl_bridge.store.sqlite import SQLiteStore
-from agl_bridge.train.advantages import AdvantageBatch, constant_divisor, datums_for, group_advantages
+from agl_bridge.train.advantages import (
+    Advantage,
+    AdvantageBatch,
+    constant_divisor,
+    datums_for,
+    group_advantages,
+)
 from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig, config_to_dict
 from agl_bridge.train.distill import Teacher, distill_items
@@ -266,16 +272,17 @@ class GRPOTrainer:
                     ]
                     trajectories, rewarding = await self._trainer_rewards(trajectories, store, options, judge)
                     # advantages, datums
+                    items: list[tuple[Trajectory, Advantage]]
                     if teacher is not None:
-                        items, reverse_kl = await asyncio.to_thread(distill_items, trajectories, teacher)
-                        batch = AdvantageBatch(items, len(trajectories), 0, len(trajectories))
-                        rewarding["reverse_kl"] = reverse_kl
+                        items, rewarding["reverse_kl"] = await asyncio.to_thread(distill_items, trajectories, teacher)
+                        batch = AdvantageBatch(groups=len(trajectories), trajectories=len(trajectories))
                     else:
                         batch = group_advantages(
                             trajectories, estimator=config.advantage, std_scaling=config.advantage_std_scaling
                         )
+                        items = list(batch.items)
                     divisor = constant_divisor(config.advantage, batch.trajectories, config.default_max_tokens)
-                    datums = datums_for(batch.items, config.aggregation, divisor=divisor) if batch.items else []
+                    datums = datums_for(items, config.aggregation, divisor=divisor) if items else []
                     t2 = time.perf_counter()
                     # train
                     metrics = await train_step(client, datums, settings)
