@@ -44,9 +44,16 @@ def train_offline(config: GRPOConfig, log: RunLog, *, resume: bool = False) -> R
     groups = asyncio.run(offline_groups(config.offline_data))
     if not groups:
         raise ConfigError(f"{config.offline_data} holds no trainable trajectories")
+    if config.overlong_penalty is not None or config.repetition_penalty is not None:
+        options = ConvertOptions(reward_weights=dict(config.reward_weights))
+        shaped = [
+            (t, shaping_rewards(t, config.overlong_penalty, config.repetition_penalty))
+            for group in groups
+            for t in group
+        ]
+        asyncio.run(add_rewards(shaped, options))  # once, in memory: the data is not ours to write to
     schedule = TaskSchedule(groups, config.batch_size, config.seed)
     settings = grpo_settings(config)
-    options = ConvertOptions(missing_reward=config.missing_reward, reward_weights=dict(config.reward_weights))
     client = TrainingClient(
         resolve_model_path(config.model),
         lora_rank=config.lora_rank,
@@ -64,9 +71,6 @@ def train_offline(config: GRPOConfig, log: RunLog, *, resume: bool = False) -> R
         for step in range(0 if state is None else int(state["next_step"]), config.steps):
             began = time.perf_counter()
             members = [t for group in schedule.for_step(step) for t in group]
-            if config.overlong_penalty is not None or config.repetition_penalty is not None:
-                shaped = [(t, shaping_rewards(t, config.overlong_penalty, config.repetition_penalty)) for t in members]
-                asyncio.run(add_rewards(shaped, options))  # in memory only: the data is not ours to write to
             batch = group_advantages(members, estimator=config.advantage, std_scaling=config.advantage_std_scaling)
             divisor = constant_divisor(config.advantage, batch.trajectories, config.default_max_tokens)
             datums = datums_for(batch.items, config.aggregation, divisor=divisor) if batch.items else []

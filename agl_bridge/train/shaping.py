@@ -74,7 +74,7 @@ def shaping_rewards(
 async def add_rewards(
     added: Iterable[tuple[Trajectory, dict[str, float]]], options: ConvertOptions, store: Store | None = None
 ) -> None:
-    """Fold named rewards the trainer computed into each trajectory's rewards and return, and store them.
+    """Add named rewards the trainer computed to each trajectory's rewards and (weighted) return; store them.
 
     In the store each becomes a `Reward` of the trajectory's attempt (after its calls, so it is
     attributed to the last one): `inspect`, the viewer and a later conversion see it like any other.
@@ -93,4 +93,4 @@ async def add_rewards(
             trajectory.rewards[name] = trajectory.rewards.get(name, 0.0) + value
         if rewards:
             trajectory.missing_reward = False
-        trajectory.reward = weighted_return(trajectory.rewards, options)
+            trajectory.reward += weighted_return(rewards, options)

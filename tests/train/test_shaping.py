@@ -50,10 +50,39 @@ def test_shaping_reads_the_sampled_responses_of_every_segment() -> None:
 async def test_added_rewards_are_stored_by_name_and_weighed_into_the_return(store: SQLiteStore) -> None:
     trajectories = random_trajectories(0)[:3]
     options = ConvertOptions(reward_weights={OVERLONG: 0.5})
-    before = {t.rollout_id: dict(t.rewards) for t in trajectories}
+    before = {t.rollout_id: (dict(t.rewards), t.reward) for t in trajectories}
     await add_rewards([(t, {OVERLONG: -1.0, REPETITION: -0.2}) for t in trajectories], options, store)
     for t in trajectories:
-        assert t.rewards == {**before[t.rollout_id], OVERLONG: -1.0, REPETITION: -0.2}
-        assert t.reward == pytest.approx(sum(options.weight(n) * v for n, v in t.rewards.items()))
+        rewards, reward = before[t.rollout_id]
+        assert t.rewards == {**rewards, OVERLONG: -1.0, REPETITION: -0.2}
+        assert t.reward == pytest.approx(reward + 0.5 * -1.0 + 1.0 * -0.2)
         stored = await collect(store.iter_rewards(t.rollout_id, t.attempt_id))
         assert sorted((r.name, r.value) for r in stored) == [(OVERLONG, -1.0), (REPETITION, -0.2)]
+
+
+def test_offline_runs_take_the_estimator_and_shape_in_memory(tmp_path, tiny_model_dir) -> None:
+    from agl_bridge.convert import write_trajectories
+    from agl_bridge.train.config import config_from_dict
+    from agl_bridge.train.grpo import GRPOTrainer
+    from agl_bridge.train.run_log import read_metrics
+
+    data = tmp_path / "trajectories.jsonl"
+    write_trajectories(random_trajectories(5, groups=3, sizes=(3, 4, 2)), data)
+    before = data.read_text()
+    config = config_from_dict(
+        {
+            "offline_data": str(data),
+            "model": str(tiny_model_dir),
+            "run_dir": str(tmp_path / "run"),
+            "steps": 2,
+            "batch_size": 3,
+            "advantage": "dr_grpo",
+            "overlong_penalty": {"max_tokens": 6, "buffer": 3},
+            "tensorboard": False,
+        }
+    )
+    GRPOTrainer(config).run()
+    records = [r for r in read_metrics(tmp_path / "run") if r["phase"] == "train"]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(-1.0 <= r["reward_overlong_mean"] < 0 and r["datums"] > 0 for r in records)
+    assert data.read_text() == before, "offline data is read, never written"
