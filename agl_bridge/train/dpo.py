@@ -23,13 +23,12 @@ from agl_bridge.errors import ConfigError
 from agl_bridge.models.loading import load_tokenizer, resolve_model_path
 from agl_bridge.runner import TaskSchedule, load_tasks
 from agl_bridge.store.sqlite import SQLiteStore
-from agl_bridge.train.client import AdamParams, TrainingClient
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.datum import Datum
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
 from agl_bridge.train.losses import DPO_CHOSEN, DPO_PAIR, DPO_REF_LOGPROBS, dpo_loss
 from agl_bridge.train.run_log import RunLog, RunSummary
-from agl_bridge.train.step import StepSettings, train_step
+from agl_bridge.train.step import StepSettings, adam_params, run_client, train_step
 from agl_bridge.train.warm_start import sft_datum
 
 STORE_SUFFIXES = (".sqlite", ".db", ".sqlite3")
@@ -113,23 +112,8 @@ def train_dpo(config: GRPOConfig, log: RunLog, *, resume: bool = False) -> RunSu
     options = ConvertOptions(missing_reward=config.missing_reward, reward_weights=dict(config.reward_weights))
     pairs = load_preference_pairs(config.dpo.data, load_tokenizer(model_path), options)
     schedule = TaskSchedule(pairs, config.batch_size, config.seed)
-    adam = AdamParams(
-        learning_rate=config.learning_rate,
-        beta1=config.beta1,
-        beta2=config.beta2,
-        weight_decay=config.weight_decay,
-        grad_clip_norm=config.grad_clip_norm,
-    )
-    settings = StepSettings(dpo_loss(config.dpo.beta), None, adam)
-    client = TrainingClient(
-        model_path,
-        lora_rank=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        target_modules=config.lora_target_modules,
-        train_unembedding=config.train_unembedding,
-        seed=config.seed,
-        max_batch_tokens=config.max_batch_tokens,
-    )
+    settings = StepSettings(dpo_loss(config.dpo.beta), None, adam_params(config))
+    client = run_client(config, model_path)
     references: dict[int, list[list[float]]] = {}
     try:
         state = resume_latest(client, run_dir, config.seed, log, sync=False) if resume else None

@@ -73,7 +73,7 @@ from agl_bridge.train.offline import train_offline
 from agl_bridge.train.plot import plot_run
 from agl_bridge.train.run_log import RunLog, RunSummary, format_reward, step_line
 from agl_bridge.train.shaping import add_rewards, shaping_rewards
-from agl_bridge.train.step import grpo_settings, train_step
+from agl_bridge.train.step import grpo_settings, run_client, train_step
 from agl_bridge.train.warm_start import load_pairs, warm_start
 
 
@@ -169,16 +169,7 @@ class GRPOTrainer:
         )
         # hf: merged in place in this process; remote / vllm: adapters written to adapter_dir and loaded by name.
         sampler = build_sampler(config.sampler_spec(), model_path, tokenizer, served_name=name)
-        client = TrainingClient(
-            model_path,
-            lora_rank=config.lora_rank,
-            lora_alpha=config.lora_alpha,
-            target_modules=config.lora_target_modules,
-            train_unembedding=config.train_unembedding,
-            seed=config.seed,
-            sampler=sampler,
-            max_batch_tokens=config.max_batch_tokens,
-        )
+        client = run_client(config, model_path, sampler)
         state = resume_latest(client, self.run_dir, config.seed, log) if resume else None
         proxy = ProxyServer(
             sampler=sampler,

@@ -17,13 +17,12 @@ from agl_bridge.models.loading import resolve_model_path
 from agl_bridge.runner import TaskSchedule
 from agl_bridge.store.sqlite import SQLiteStore
 from agl_bridge.train.advantages import constant_divisor, datums_for, group_advantages
-from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
 from agl_bridge.train.metrics import reward_stats
 from agl_bridge.train.run_log import RunLog, RunSummary, format_reward
 from agl_bridge.train.shaping import add_rewards, shaping_rewards
-from agl_bridge.train.step import grpo_settings, train_step
+from agl_bridge.train.step import grpo_settings, run_client, train_step
 
 
 async def offline_groups(path: str) -> list[list[Trajectory]]:
@@ -54,15 +53,7 @@ def train_offline(config: GRPOConfig, log: RunLog, *, resume: bool = False) -> R
         asyncio.run(add_rewards(shaped, options))  # once, in memory: the data is not ours to write to
     schedule = TaskSchedule(groups, config.batch_size, config.seed)
     settings = grpo_settings(config)
-    client = TrainingClient(
-        resolve_model_path(config.model),
-        lora_rank=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        target_modules=config.lora_target_modules,
-        train_unembedding=config.train_unembedding,
-        seed=config.seed,
-        max_batch_tokens=config.max_batch_tokens,
-    )
+    client = run_client(config, resolve_model_path(config.model))
     try:
         state = resume_latest(client, run_dir, config.seed, log, sync=False) if resume else None
         log.say(

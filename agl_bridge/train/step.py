@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from agl_bridge.sampler.base import AdapterSampler
+from agl_bridge.sampler.hf import HFSampler
 from agl_bridge.train.client import AdamParams, CustomLossFn, TrainingClient
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.datum import Datum
@@ -48,14 +50,34 @@ def grpo_settings(config: GRPOConfig) -> StepSettings:
     if config.loss_fn in ("ppo", "cispo", "gspo"):
         low, high = config.clip_thresholds()
         loss_config |= {"clip_low_threshold": low, "clip_high_threshold": high}
-    adam = AdamParams(
+    return StepSettings(config.loss_fn, loss_config, adam_params(config))
+
+
+def adam_params(config: GRPOConfig) -> AdamParams:
+    """The AdamW hyper-parameters of a run config."""
+    return AdamParams(
         learning_rate=config.learning_rate,
         beta1=config.beta1,
         beta2=config.beta2,
         weight_decay=config.weight_decay,
         grad_clip_norm=config.grad_clip_norm,
     )
-    return StepSettings(config.loss_fn, loss_config, adam)
+
+
+def run_client(
+    config: GRPOConfig, model_path: str, sampler: HFSampler | AdapterSampler | None = None
+) -> TrainingClient:
+    """The TrainingClient of a run config (its LoRA, seed and memory bound), publishing to `sampler` if given."""
+    return TrainingClient(
+        model_path,
+        lora_rank=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        target_modules=config.lora_target_modules,
+        train_unembedding=config.train_unembedding,
+        seed=config.seed,
+        sampler=sampler,
+        max_batch_tokens=config.max_batch_tokens,
+    )
 
 
 async def train_step(client: TrainingClient, datums: list[Datum], settings: StepSettings) -> dict[str, Any]:

@@ -373,11 +373,13 @@ def test_dpo_loss_by_loops(seed: int) -> None:
     sums: dict[tuple[int, bool], float] = {}
     for (pair, chosen), datum, lp in zip(layout, data, logprobs, strict=True):
         inputs = datum.loss_fn_inputs
-        delta = sum(w * (float(x) - r) for w, x, r in zip(inputs["weights"], lp, inputs["ref_logprobs"], strict=True))
+        delta = sum(
+            w * (float(x) - r) for w, x, r in zip(inputs["weights"], lp.detach(), inputs["ref_logprobs"], strict=True)
+        )
         sums[(pair, chosen)] = sums.get((pair, chosen), 0.0) + beta * delta
     margins = [sums[(p, True)] - sums[(p, False)] for p in range(3)]
     expected = sum(math.log1p(math.exp(-m)) for m in margins) / 3  # −log σ(m) = log(1 + e^−m)
-    assert float(loss) == pytest.approx(expected, abs=TOLERANCE)
+    assert float(loss.detach()) == pytest.approx(expected, abs=TOLERANCE)
     assert metrics["accuracy"] == pytest.approx(sum(m > 0 for m in margins) / 3)
     assert metrics["margin"] == pytest.approx(sum(margins) / 3, abs=TOLERANCE)
     assert metrics["chosen_reward"] == pytest.approx(sum(sums[(p, True)] for p in range(3)) / 3, abs=TOLERANCE)
