@@ -7,11 +7,15 @@ Prints one JSON line:
 * sync: latency of `save_weights_and_get_sampling_client` (p50 / p90 / max over `--syncs` syncs)
   while the in-process sampler keeps `--concurrency` requests in flight, plus the requests served,
   how many saw a swap mid-sequence, and how many were dropped (must be 0);
+* loss_overhead: the median time of one forward_backward with each loss / rollout correction against
+  plain importance sampling, wall and CPU time (`--loss-rounds` interleaved rounds), and the extra
+  share each adds (the target: GSPO and the corrections add <= 5%);
 * grpo_step: a short GRPO run (`--grpo-steps` steps of 8 tasks × 8 rollouts of a toy agent through
   the real proxy) and the median share of a step's wall time spent outside sampling and
   forward/backward (converting, advantages, datums, weight sync, bookkeeping), with the time split.
 
     .venv/bin/python bench/train.py [--model tiny] [--steps 10] [--syncs 20] [--concurrency 4] [--threads N]
+        [--loss-rounds 20] [--grpo-steps 6]
 """
 
 from __future__ import annotations
@@ -68,6 +72,73 @@ def _train_rate(client: TrainingClient, data: list[Datum], steps: int) -> dict[s
         "forward_backward_ms": round(statistics.median(fb_times) * 1000, 2),
         "optim_step_ms": round(statistics.median(step_times) * 1000, 2),
     }
+
+
+LOSS_VARIANTS: dict[str, tuple[str, dict[str, object] | None]] = {
+    "importance_sampling": ("importance_sampling", None),
+    "token_tis": ("importance_sampling", {"tis_cap": 2.0}),
+    "sequence_tis_mis_geo": (
+        "importance_sampling",
+        {"tis_cap": 2.0, "correction_level": "sequence", "mis_low": 0.5, "mis_high": 4.0, "geo_low": 0.9},
+    ),
+    "ppo_decoupled_token_tis": ("ppo", {"tis_cap": 2.0}),
+    "gspo": ("gspo", None),
+    "gspo_sequence_tis_geo": ("gspo", {"tis_cap": 2.0, "geo_low": 0.9, "geo_high": 1.1}),
+}
+"""What `--loss-rounds` times: name → (loss_fn, loss_fn_config); the first is the baseline."""
+
+
+def _loss_overhead(client: TrainingClient, data: list[Datum], rounds: int) -> dict[str, object]:
+    """Median wall / CPU ms of one forward_backward per variant, interleaved, and the share each adds."""
+    wall: dict[str, list[float]] = {name: [] for name in LOSS_VARIANTS}
+    cpu: dict[str, list[float]] = {name: [] for name in LOSS_VARIANTS}
+    for index in range(rounds + 1):  # round 0 warms up
+        for name, (loss_fn, config) in LOSS_VARIANTS.items():
+            began, began_cpu = time.perf_counter(), time.process_time()
+            client.forward_backward(data, loss_fn, config)
+            if index:
+                wall[name].append(time.perf_counter() - began)
+                cpu[name].append(time.process_time() - began_cpu)
+            client.zero_grad()
+    base_wall, base_cpu = statistics.median(wall["importance_sampling"]), statistics.median(cpu["importance_sampling"])
+    loss_part = _loss_part_ms()
+    out: dict[str, object] = {}
+    for name in LOSS_VARIANTS:
+        w, c = statistics.median(wall[name]), statistics.median(cpu[name])
+        out[name] = {
+            "forward_backward_ms": round(w * 1000, 2),
+            "cpu_ms": round(c * 1000, 2),
+            "extra_share_wall": round(w / base_wall - 1, 4),
+            "extra_share_cpu": round(c / base_cpu - 1, 4),
+            # The only work that differs between variants, timed alone: a bound that load noise cannot blur.
+            "loss_part_cpu_ms": round(loss_part[name], 3),
+            "extra_share_bound": round((loss_part[name] - loss_part["importance_sampling"]) / (base_cpu * 1000), 4),
+        }
+    out["rounds"] = rounds
+    return out
+
+
+def _loss_part_ms(repeats: int = 200) -> dict[str, float]:
+    """Median CPU ms of the loss alone (value + its backward to the logprobs) on a batch-shaped [16, 64] input."""
+    from agl_bridge.train.losses import compute_loss, get_loss, resolve_config
+
+    generator = torch.Generator().manual_seed(0)
+    shape = (SEQUENCES, TOKENS)
+    weights = (torch.arange(TOKENS) >= PROMPT).float().expand(shape).contiguous()
+    sampler = -torch.rand(shape, generator=generator) * 3
+    inputs = {"weights": weights, "logprobs": sampler, "advantages": torch.randn(shape, generator=generator) * weights}
+    out = {}
+    for name, (loss_fn, config) in LOSS_VARIANTS.items():
+        spec = get_loss(loss_fn)
+        resolved = resolve_config(spec, config)
+        times = []
+        for _ in range(repeats):
+            lp = (sampler + torch.randn(shape, generator=generator) * 0.01).requires_grad_(True)
+            began = time.process_time()
+            compute_loss(spec, lp, inputs, resolved).loss.backward()
+            times.append(time.process_time() - began)
+        out[name] = statistics.median(times) * 1000
+    return out
 
 
 class _Load:
@@ -189,6 +260,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="sample requests kept in flight during syncs")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--grpo-steps", type=int, default=6, help="GRPO steps for the overhead share (0 skips it)")
+    parser.add_argument("--loss-rounds", type=int, default=20, help="rounds of the loss-overhead timing (0 skips it)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -196,6 +268,7 @@ def main() -> None:
     with TrainingClient(args.model, lora_rank=LORA_RANK, lora_alpha=2 * LORA_RANK) as client:
         data = _batch(client)
         train = _train_rate(client, data, args.steps)
+        losses = _loss_overhead(client, data, args.loss_rounds) if args.loss_rounds else None
         sync = _sync_latency(client, data, args.syncs, args.concurrency)
     grpo = _grpo_overhead(args.model, args.grpo_steps) if args.grpo_steps > 1 else None
     print(
@@ -209,6 +282,7 @@ def main() -> None:
                 "lora_rank": LORA_RANK,
                 "loss_fn": "importance_sampling",
                 "train": train,
+                "loss_overhead": losses,
                 "sync": sync,
                 "sync_p50_within_100ms": sync["p50_ms"] <= 100,
                 "grpo_step": grpo,

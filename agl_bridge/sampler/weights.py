@@ -23,8 +23,11 @@ from transformers.pytorch_utils import Conv1D
 _PEFT_PREFIX = "base_model.model."
 _LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?:embedding_)?(?P<part>[AB])(?:\.[^.]+)?(?:\.weight)?$")
 _MODULES_TO_SAVE_KEY = re.compile(r"^(?P<module>.+)\.modules_to_save\.[^.]+\.(?P<param>[^.]+)$")
-_MERGEABLE: dict[type[nn.Module], bool] = {nn.Linear: False, Conv1D: True}
-"""Module types a LoRA delta can be merged into → whether their weight is stored transposed ([in, out])."""
+MERGEABLE_LAYERS: dict[type[nn.Module], bool] = {nn.Linear: False, Conv1D: True}
+"""Module types a LoRA delta can be merged into → whether their weight is stored transposed ([in, out]).
+
+The trainer adapts only these by default (`lora_target_modules = "all-linear"`), so every adapter it
+makes can be merged here."""
 
 
 class WeightLoader:
@@ -102,9 +105,9 @@ class WeightLoader:
             module = self._model.get_submodule(owner)
         except AttributeError:
             raise ValueError(f"LoRA module {module_name!r} does not exist in the sampler's model") from None
-        transposed = _MERGEABLE.get(type(module))
+        transposed = MERGEABLE_LAYERS.get(type(module))
         if transposed is None or owner != module_name:
-            supported = ", ".join(f"{kind.__module__}.{kind.__name__}" for kind in _MERGEABLE)
+            supported = ", ".join(f"{kind.__module__}.{kind.__name__}" for kind in MERGEABLE_LAYERS)
             raise ValueError(
                 f"LoRA module {owner!r} is a {type(module).__name__}, which the sampler cannot merge an adapter into "
                 f"(it merges into {supported} layers); leave it out of target_modules, e.g. list the attention "

@@ -15,7 +15,7 @@ from agl_bridge.train.client import (
     TrainingClient,
 )
 from agl_bridge.train.datum import Datum, DatumError
-from agl_bridge.train.losses import LOSSES, LossOutput, LossSpec, get_loss, kl_k3
+from agl_bridge.train.losses import LOSSES, LossOutput, LossSpec, dpo_loss, get_loss, kl_k3
 from agl_bridge.train.metrics import logprob_gap_stats
 from agl_bridge.train.sampling_client import SamplingClient
 
@@ -34,6 +34,7 @@ __all__ = [
     "SamplingClient",
     "TrainFuture",
     "TrainingClient",
+    "dpo_loss",
     "get_loss",
     "kl_k3",
     "logprob_gap_stats",

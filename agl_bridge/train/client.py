@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 from agl_bridge.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from agl_bridge.sampler.base import AdapterSampler, TokenSampler
 from agl_bridge.sampler.hf import HFSampler
+from agl_bridge.sampler.weights import MERGEABLE_LAYERS
 from agl_bridge.train.checkpoint import (
     ADAPTER_FILE,
     OPTIMIZER_FILE,
@@ -175,7 +176,10 @@ class TrainingClient:
     """LoRA training on a local model with Tinker's primitives (see the module docs).
 
     base_model: ``tiny``, a model directory, or a hub id (as `--model`). lora_rank / lora_alpha /
-    target_modules: the peft LoRA (``all-linear`` = every linear layer but the output one).
+    target_modules: the peft LoRA; ``all-linear`` = every layer the sampler can merge a LoRA into
+    (`nn.Linear`, GPT-2's `Conv1D`) but the output one — in a mixture-of-experts model that leaves
+    out the stacked expert weights and the router, which peft's own ``all-linear`` adapts — or a
+    list of module names (with the in-process sampler, each must be such a layer).
     train_unembedding: also train the output layer (lm_head) in full; with tied embeddings it gets
     its own copy. seed: LoRA initialisation (the global RNGs are left alone). device: default CUDA
     if available. dtype: default the checkpoint's. sampler: the in-process sampler to publish
@@ -226,7 +230,7 @@ class TrainingClient:
         config = LoraConfig(
             r=lora_rank,
             lora_alpha=lora_alpha,  # type: ignore[arg-type]  # peft annotates int; a float alpha works (alpha / r)
-            target_modules=list(target_modules) if not isinstance(target_modules, str) else target_modules,
+            target_modules=lora_targets(base, target_modules, self._output_name),
             lora_dropout=0.0,  # dropout would make trainer logprobs differ from the sampler's
             bias="none",
             modules_to_save=[self._output_name.rsplit(".", 1)[-1]] if train_unembedding else None,
@@ -241,11 +245,14 @@ class TrainingClient:
             self._model = get_peft_model(base, config)
         self._model.eval()
         self._params = [p for p in self._model.parameters() if p.requires_grad]
-        adapted = sorted(
-            name.removeprefix(_PEFT_PREFIX)
+        lora_layers = {
+            name.removeprefix(_PEFT_PREFIX): module
             for name, module in self._model.named_modules()
             if isinstance(module, LoraLayer)
-        )
+        }
+        if not isinstance(sampler, AdapterSampler):  # the in-process sampler merges; remote servers load adapters
+            _check_mergeable(lora_layers)
+        adapted = sorted(lora_layers)
         self._identity = ModelIdentity(
             base_model=self._base_path,
             config_fingerprint=fingerprint,
@@ -334,6 +341,14 @@ class TrainingClient:
         """Per-datum logprobs and loss metrics without gradients (loss_fn None: logprobs only)."""
         return self._run(self._forward_impl, data, loss_fn, loss_fn_config, False)
 
+    def reference_logprobs(self, data: Sequence[Datum]) -> list[torch.Tensor]:
+        """Each datum's per-target logprobs under the base model (the adapter disabled; float32, CPU).
+
+        The reference of the KL term and of DPO: the policy before any training, without a second
+        model in memory.
+        """
+        return self._run(self._reference_impl, data)
+
     def forward_backward(
         self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None
     ) -> ForwardBackwardOutput:
@@ -388,6 +403,10 @@ class TrainingClient:
     ) -> TrainFuture[ForwardBackwardOutput]:
         """Queue `forward`."""
         return self._submit(self._forward_impl, data, loss_fn, loss_fn_config, False)
+
+    def reference_logprobs_async(self, data: Sequence[Datum]) -> TrainFuture[list[torch.Tensor]]:
+        """Queue `reference_logprobs`."""
+        return self._submit(self._reference_impl, data)
 
     def forward_backward_async(
         self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None
@@ -482,6 +501,16 @@ class TrainingClient:
                     metrics.add_token_metrics(batch.weights > 0, result.token_metrics)
             self._record(batch, lp, entropy, metrics, outputs, ref)
         return ForwardBackwardOutput(outputs, metrics.result({"time_s": time.perf_counter() - start}))
+
+    def _reference_impl(self, data: Sequence[Datum]) -> list[torch.Tensor]:
+        tensors = self._validate(data, required=(TARGET_TOKENS,), allow_unknown=True)
+        logprobs: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+        with torch.no_grad(), self._model.disable_adapter():
+            for batch in self._micro_batches(tensors):
+                lp, _ = self._token_logprobs(batch, entropy=False)
+                for row, (index, length) in enumerate(zip(batch.indices, batch.lengths, strict=True)):
+                    logprobs[index] = lp[row, :length].float().cpu()
+        return logprobs
 
     def _custom_impl(self, data: Sequence[Datum], fn: CustomLossFn) -> ForwardBackwardOutput:
         start = time.perf_counter()
@@ -735,6 +764,30 @@ class TrainingClient:
                 "train_unembedding=True needs the sampler's output layer untied from its input embeddings "
                 "(the trained lm_head gets its own copy); pass sampler=None to have a matching sampler "
                 "created, or untie the sampler model's lm_head before creating the HFSampler"
+            )
+
+
+def lora_targets(model: torch.nn.Module, target_modules: str | Sequence[str], output_name: str) -> str | list[str]:
+    """peft's `target_modules` for ours: "all-linear" becomes the layers the sampler can merge into.
+
+    Those are `MERGEABLE_LAYERS` (nn.Linear, GPT-2's Conv1D) other than the output layer, by full
+    name — in a dense model exactly what peft's "all-linear" adapts (and how peft records it), without
+    the expert stacks and routers it also adapts in a mixture of experts.
+    """
+    if target_modules != "all-linear":
+        return target_modules if isinstance(target_modules, str) else list(target_modules)
+    return [name for name, module in model.named_modules() if type(module) in MERGEABLE_LAYERS and name != output_name]
+
+
+def _check_mergeable(lora_layers: dict[str, Any]) -> None:
+    """ValueError naming the first adapted layer the in-process sampler could not merge a LoRA into."""
+    for name, layer in lora_layers.items():
+        base = layer.get_base_layer()
+        if type(base) not in MERGEABLE_LAYERS:
+            raise ValueError(
+                f"LoRA target {name!r} is of type {type(base).__name__}, which the sampler cannot merge an adapter "
+                "into (only linear layers); leave it out of target_modules / lora_target_modules — the default "
+                '"all-linear" adapts only mergeable layers'
             )
 
 

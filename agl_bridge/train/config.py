@@ -18,10 +18,17 @@ import yaml
 
 from agl_bridge.errors import ConfigError
 from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError
+from agl_bridge.train.advantages import AdvantageEstimator
 from agl_bridge.train.client import DEFAULT_MAX_BATCH_TOKENS
+from agl_bridge.train.correction import CorrectionLevel
+from agl_bridge.train.losses import LOSSES
 
-LossName = Literal["importance_sampling", "ppo", "cispo"]
+Mode = Literal["online", "follow", "dpo"]
+LossName = Literal["importance_sampling", "ppo", "cispo", "gspo"]
 Aggregation = Literal["token_sum", "token_mean", "sequence_mean"]
+
+CLIP_HIGHER = (0.8, 1.28)
+"""The clip ratios of ppo / cispo in a run (clip-higher) unless the config sets them; gspo takes the loss's own."""
 
 
 REMOVED_KEYS = {
@@ -71,10 +78,75 @@ class FollowConfig:
 
 
 @dataclass
+class OverlongPenaltyConfig:
+    """DAPO's soft overlong penalty, added as the named reward "overlong" (in [-1, 0]).
+
+    L = the tokens the policy sampled in the trajectory: 0 while L <= max_tokens − buffer, then
+    falling linearly to −1 at L = max_tokens, −1 beyond. Its weight in the return:
+    `reward_weights.overlong` (default 1).
+    """
+
+    max_tokens: int = 0
+    buffer: int = 0
+
+
+@dataclass
+class RepetitionPenaltyConfig:
+    """An n-gram redundancy penalty (the JustRL recipe's), added as the named reward "repetition" (in [-1, 0]).
+
+    redundancy = 1 − distinct / total over the `ngram`-grams of each sampled response's token ids;
+    the penalty is −(redundancy − threshold) / (1 − threshold) above `threshold`, else 0. Its weight
+    in the return: `reward_weights.repetition` (default 1; JustRL uses 0.3).
+    """
+
+    ngram: int = 4
+    threshold: float = 0.3
+
+
+@dataclass
+class JudgeConfig:
+    """An LLM judge (RULER-style) that scores each group's rollouts relative to each other in one call.
+
+    model: a model of the run's `litellm_config`, or the served policy model itself; rubric: what a
+    good rollout does. Its scores (0..1) become the named reward "judge". A malformed answer is
+    retried `max_retries` times, then the group is dropped and counted (never a silent 0).
+    max_chars: the most characters of each rollout's transcript shown to the judge (its end kept).
+    """
+
+    model: str = ""
+    rubric: str = ""
+    max_retries: int = 2
+    max_chars: int = 6000
+
+
+@dataclass
+class DPOConfig:
+    """The preference data and strength of `mode = "dpo"`.
+
+    data: JSONL of {"prompt": str or messages, "chosen": str, "rejected": str} per line, or a store
+    (.sqlite) whose groups give (best, worst) rollout pairs; beta: DPO's β (the implicit reward's scale).
+    """
+
+    data: str | None = None
+    beta: float = 0.1
+
+
+TABLES: dict[str, type] = {
+    "warm_start": WarmStartConfig,
+    "follow": FollowConfig,
+    "overlong_penalty": OverlongPenaltyConfig,
+    "repetition_penalty": RepetitionPenaltyConfig,
+    "judge": JudgeConfig,
+    "dpo": DPOConfig,
+}
+"""The keys whose value is a table of settings, and the dataclass each becomes."""
+
+
+@dataclass
 class GRPOConfig:
     """Everything a GRPO run needs; see docs/training.md for each field's meaning."""
 
-    mode: Literal["online", "follow"] = "online"
+    mode: Mode = "online"
     agent: str | list[str] = ""
     tasks: str = ""
     eval_tasks: str | None = None
@@ -91,14 +163,26 @@ class GRPOConfig:
     grad_clip_norm: float = 1.0
     lora_rank: int = 16
     lora_alpha: float = 32.0
+    lora_target_modules: str | list[str] = "all-linear"
     train_unembedding: bool = False
     loss_fn: LossName = "importance_sampling"
     tis_cap: float | None = 2.0
-    clip_low_threshold: float = 0.8
-    clip_high_threshold: float = 1.28
+    rollout_correction: CorrectionLevel | None = None
+    mis_low: float | None = None
+    mis_high: float | None = None
+    geo_low: float | None = None
+    geo_high: float | None = None
+    clip_low_threshold: float | None = None
+    clip_high_threshold: float | None = None
     kl_coef: float = 0.0
     aggregation: Aggregation = "token_sum"
+    advantage: AdvantageEstimator = "group_mean"
     advantage_std_scaling: bool = False
+    overlong_penalty: OverlongPenaltyConfig | None = None
+    repetition_penalty: RepetitionPenaltyConfig | None = None
+    judge: JudgeConfig | None = None
+    teacher: str | None = None
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_staleness: int = 0
     concurrency: int = 16
@@ -167,17 +251,35 @@ class GRPOConfig:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
         if self.tis_cap is not None and not self.tis_cap >= 1:
             raise ConfigError(f"tis_cap must be >= 1 (or null to turn the correction off), got {self.tis_cap}")
-        if not 0 < self.clip_low_threshold <= 1 <= self.clip_high_threshold:
+        low, high = self.clip_thresholds()
+        if not 0 < low <= 1 <= high:
             raise ConfigError(
                 "clip thresholds are ratios with clip_low_threshold <= 1 <= clip_high_threshold (e.g. 0.8 / 1.28)"
             )
-        for name, allowed in (("loss_fn", LossName), ("aggregation", Aggregation)):
-            if getattr(self, name) not in get_args(allowed):
-                raise ConfigError(f"{name} must be one of {', '.join(get_args(allowed))}, got {getattr(self, name)!r}")
+        choices = (
+            ("mode", Mode),
+            ("loss_fn", LossName),
+            ("aggregation", Aggregation),
+            ("advantage", AdvantageEstimator),
+            ("rollout_correction", CorrectionLevel),
+        )
+        for name, allowed in choices:
+            value = getattr(self, name)
+            if not (value is None and name == "rollout_correction") and value not in get_args(allowed):
+                raise ConfigError(f"{name} must be one of {', '.join(get_args(allowed))}, got {value!r}")
         if self.kl_coef < 0:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.warm_start.steps < 0:
             raise ConfigError(f"warm_start.steps must be >= 0, got {self.warm_start.steps}")
+        if isinstance(self.lora_target_modules, list) and not all(
+            isinstance(name, str) and name for name in self.lora_target_modules
+        ):
+            raise ConfigError(
+                f'lora_target_modules must be "all-linear" or a list of module names, got {self.lora_target_modules!r}'
+            )
+        self._validate_correction()
+        self._validate_rewards()
+        self._validate_mode()
         self._validate_follow()
         if self.litellm_config is not None:
             from agl_bridge.proxy.server import ProxyStartError, litellm_config
@@ -186,13 +288,138 @@ class GRPOConfig:
                 litellm_config([], "check", Path(self.litellm_config))
             except ProxyStartError as error:
                 raise ConfigError(f"litellm_config: {error}") from None
+        if self.judge is not None:
+            self._validate_judge(self.judge)
+
+    def clip_thresholds(self) -> tuple[float, float]:
+        """The clip ratios of the run's loss: the config's, else clip-higher for ppo / cispo and GSPO's own for gspo."""
+        if self.loss_fn == "gspo":
+            defaults = LOSSES["gspo"].config_defaults
+            low, high = defaults["clip_low_threshold"], defaults["clip_high_threshold"]
+        else:
+            low, high = CLIP_HIGHER
+        return (
+            low if self.clip_low_threshold is None else self.clip_low_threshold,
+            high if self.clip_high_threshold is None else self.clip_high_threshold,
+        )
+
+    def masking_keys(self) -> dict[str, float]:
+        """The MIS and geometric-filter bounds the config sets, by key."""
+        keys = ("mis_low", "mis_high", "geo_low", "geo_high")
+        return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
+
+    def _validate_correction(self) -> None:
+        for side in ("mis", "geo"):
+            low, high = getattr(self, f"{side}_low"), getattr(self, f"{side}_high")
+            if low is not None and not 0 < low <= 1:
+                raise ConfigError(f"{side}_low must be a ratio in (0, 1], e.g. 0.5, got {low}")
+            if high is not None and high < 1:
+                raise ConfigError(f"{side}_high must be a ratio >= 1, e.g. 2.0, got {high}")
+        masking = self.masking_keys()
+        if self.loss_fn == "gspo" and self.rollout_correction == "token":
+            raise ConfigError(
+                'loss_fn = "gspo" cannot be combined with rollout_correction = "token": GSPO\'s ratio is one per '
+                'sequence and token weights would undo that; use rollout_correction = "sequence"'
+            )
+        if self.loss_fn != "importance_sampling" and self.rollout_correction is None and masking:
+            raise ConfigError(
+                f"{next(iter(masking))} needs rollout_correction with loss_fn = {self.loss_fn!r}: without it the "
+                "clipped loss takes its ratio against the sampler itself and there is nothing to mask; set "
+                'rollout_correction = "token" or "sequence"'
+            )
+        if self.rollout_correction is not None and self.tis_cap is None and not masking:
+            raise ConfigError(
+                f"rollout_correction = {self.rollout_correction!r} with tis_cap = null and no mis_/geo_ bounds leaves "
+                "the importance weights unbounded; set tis_cap (e.g. 2.0) or mis_high"
+            )
+
+    def _validate_rewards(self) -> None:
+        if self.advantage_std_scaling and self.advantage not in ("group_mean", "mean_std"):
+            raise ConfigError(
+                f"advantage_std_scaling = true is the mean_std estimator and contradicts advantage = "
+                f"{self.advantage!r}; drop advantage_std_scaling"
+            )
+        if self.advantage == "dr_grpo" and self.aggregation != "token_sum":
+            raise ConfigError(
+                f'advantage = "dr_grpo" normalises by a constant, not by lengths; aggregation = {self.aggregation!r} '
+                'would divide by lengths again: leave aggregation at "token_sum"'
+            )
+        if self.overlong_penalty is not None:
+            penalty = self.overlong_penalty
+            if not 1 <= penalty.buffer < penalty.max_tokens:
+                raise ConfigError(
+                    "overlong_penalty needs 1 <= buffer < max_tokens (tokens), got "
+                    f"max_tokens = {penalty.max_tokens}, buffer = {penalty.buffer}"
+                )
+        if self.repetition_penalty is not None:
+            repetition = self.repetition_penalty
+            if repetition.ngram < 1 or not 0 <= repetition.threshold < 1:
+                raise ConfigError(
+                    "repetition_penalty needs ngram >= 1 and 0 <= threshold < 1, got "
+                    f"ngram = {repetition.ngram}, threshold = {repetition.threshold}"
+                )
+        if self.teacher is not None:
+            if not self.teacher:
+                raise ConfigError("teacher must be a model directory or hub id, got an empty string")
+            shaped = {
+                "judge": self.judge is not None,
+                "overlong_penalty": self.overlong_penalty is not None,
+                "repetition_penalty": self.repetition_penalty is not None,
+                "advantage": self.advantage != "group_mean",
+                "advantage_std_scaling": self.advantage_std_scaling,
+                "offline_data": self.offline_data is not None,
+            }
+            for key, set_ in shaped.items():
+                if set_:
+                    raise ConfigError(
+                        f"teacher and {key} cannot be combined: with a teacher the advantage of every token is "
+                        "teacher logprob − student logprob on freshly sampled tokens; rewards, their shaping and "
+                        f"offline data play no part. Remove {key} or teacher"
+                    )
+        if self.judge is not None and self.offline_data is not None:
+            raise ConfigError("judge and offline_data cannot be combined: the judge is called through the run's proxy")
+
+    def _validate_mode(self) -> None:
+        if self.mode != "dpo":
+            return
+        if not self.dpo.data:
+            raise ConfigError('mode = "dpo" needs dpo.data: a JSONL of prompt/chosen/rejected pairs, or a store')
+        if not self.dpo.beta > 0:
+            raise ConfigError(f"dpo.beta must be > 0 (e.g. 0.1), got {self.dpo.beta}")
+        for key in ("offline_data", "teacher", "judge", "overlong_penalty", "repetition_penalty"):
+            if getattr(self, key) is not None:
+                raise ConfigError(f'mode = "dpo" and {key} cannot be combined: DPO trains on dpo.data pairs only')
+
+    def _validate_judge(self, judge: JudgeConfig) -> None:
+        from agl_bridge.models.loading import served_model_name
+        from agl_bridge.proxy.server import litellm_config
+
+        if not judge.model or not judge.rubric:
+            raise ConfigError('judge needs model and rubric, e.g. judge = {model = "judge", rubric = "..."}')
+        if judge.max_retries < 0 or judge.max_chars < 100:
+            raise ConfigError(
+                f"judge.max_retries must be >= 0 and judge.max_chars >= 100, got {judge.max_retries}, {judge.max_chars}"
+            )
+        served = served_model_name(self.model)
+        path = Path(self.litellm_config) if self.litellm_config else None
+        known = [entry["model_name"] for entry in litellm_config([served], "check", path)["model_list"]]
+        if judge.model not in known:
+            raise ConfigError(
+                f"judge.model {judge.model!r} is not served by the run's proxy; it serves {', '.join(known)} "
+                "(add the judge to the LiteLLM config named by litellm_config)"
+            )
 
     def _validate_follow(self) -> None:
         follow = self.follow
-        if self.mode not in ("online", "follow"):
-            raise ConfigError(f'mode must be "online" (the trainer runs the agent) or "follow", got {self.mode!r}')
         if self.mode != "follow":
             return
+        for key in ("teacher", "judge", "overlong_penalty", "repetition_penalty"):
+            if getattr(self, key) is not None:
+                raise ConfigError(
+                    f'mode = "follow" and {key} cannot be combined: the follow trainer trains on the rewards the '
+                    "harness reports, not yet on rewards or advantages the trainer adds; "
+                    f'remove {key} or use mode = "online"'
+                )
         if self.offline_data:
             raise ConfigError('offline_data trains on recorded data; it cannot be combined with mode = "follow"')
         if follow.store is not None and self.sampler == "hf":
@@ -257,6 +484,14 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GR
     follow = merged.get("follow")
     if isinstance(follow, dict) and isinstance(follow.get("store"), str) and not Path(follow["store"]).is_absolute():
         merged["follow"] = {**follow, "store": str(base / follow["store"])}
+    dpo = merged.get("dpo")
+    if (
+        isinstance(dpo, dict)
+        and isinstance(dpo.get("data"), str)
+        and dpo["data"]
+        and not Path(dpo["data"]).is_absolute()
+    ):
+        merged["dpo"] = {**dpo, "data": str(base / dpo["data"])}
     return config_from_dict(merged, where=str(path))
 
 
@@ -271,16 +506,16 @@ def config_from_dict(raw: dict[str, Any], *, where: str = "config") -> GRPOConfi
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
     values = dict(raw)
     _check_types(values, GRPOConfig, where)
-    for name, table in (("warm_start", WarmStartConfig), ("follow", FollowConfig)):
-        if name in values:
-            values[name] = _table(values[name], name, table, where)
+    for name, schema in TABLES.items():
+        if values.get(name) is not None:
+            values[name] = _table(values[name], name, schema, where)
     config = GRPOConfig(**values)
     config.validate()
     return config
 
 
 def _table(value: Any, name: str, table: type, where: str) -> Any:
-    """A nested settings table (warm_start, follow) built from a mapping, its keys and types checked by name."""
+    """A nested settings table (one of TABLES) built from a mapping, its keys and types checked by name."""
     if isinstance(value, table):
         return value
     if not isinstance(value, dict):
@@ -303,6 +538,10 @@ _WANTED: dict[str, tuple[str, Any]] = {
     "bool": ("true or false", lambda v: isinstance(v, bool)),
     "str": ("a string", lambda v: isinstance(v, str)),
     "str | None": ("a string or null", lambda v: v is None or isinstance(v, str)),
+    "str | list[str]": (
+        "a string or a list of strings",
+        lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    ),
     "dict[str, float]": (
         "a table of names to finite numbers",
         lambda v: isinstance(v, dict) and all(isinstance(k, str) and _WANTED["float"][1](x) for k, x in v.items()),

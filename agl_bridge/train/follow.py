@@ -42,7 +42,7 @@ from agl_bridge.convert.policy import ConvertOptions, weighted_return
 from agl_bridge.proxy.server import ProxyServer
 from agl_bridge.store.base import Store
 from agl_bridge.store.sqlite import SQLiteStore
-from agl_bridge.train.advantages import datums_for, group_advantages
+from agl_bridge.train.advantages import constant_divisor, datums_for, group_advantages
 from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.follow_groups import ReadyGroup, WaitingCounts, ready_groups
@@ -164,8 +164,11 @@ class FollowLoop:
                 batch = await self._gather(store, step, since, version)
                 t1 = time.perf_counter()
                 trajectories = [t for group in batch.groups for t in group.trajectories]
-                advantages = group_advantages(trajectories, std_scaling=config.advantage_std_scaling)
-                datums = datums_for(advantages.items, config.aggregation) if advantages.items else []
+                advantages = group_advantages(
+                    trajectories, estimator=config.advantage, std_scaling=config.advantage_std_scaling
+                )
+                divisor = constant_divisor(config.advantage, advantages.trajectories, config.default_max_tokens)
+                datums = datums_for(advantages.items, config.aggregation, divisor=divisor) if advantages.items else []
                 t2 = time.perf_counter()
                 metrics = await train_step(self.client, datums, settings)
                 t3 = time.perf_counter()

@@ -2,12 +2,15 @@
 
 `GRPOTrainer(config, agent=..., tasks=...).run()` is the entry point of every training mode: with
 `offline_data` it runs offline GRPO (`offline.py`), with `mode = "follow"` it trains on the rollouts
-an outside harness sends (`follow.py`), otherwise the online loop below, which reads top to bottom.
-Each step:
+an outside harness sends (`follow.py`), with `mode = "dpo"` DPO (`dpo.py`), otherwise the online
+loop below, which reads top to bottom. Each step:
 
 1. sample — `batch_size` tasks × `group_size` rollouts through the runner and the in-process proxy;
 2. convert — the store's calls and rewards of those rollouts become trajectories;
-3. advantages — each return minus its group's mean (groups with equal returns teach nothing);
+   rewards the trainer adds — the judge's scores (one call per group, `judge.py`) and the shaping
+   penalties (`shaping.py`) — are stored and folded into the returns;
+3. advantages — each return against its group's (`advantages.py`; groups with equal returns teach
+   nothing), or with a `teacher`, per token: teacher logprob − student logprob (`distill.py`);
 4. datums — one per trajectory segment, the advantage on its sampled tokens;
 5. train — forward_backward + optim_step (`step.train_step`, shared with offline and the warm start);
 6. sync — the new adapter handed to the live sampler (no restart);
@@ -24,6 +27,7 @@ importance sampling against the sampler's logprobs corrects.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import statistics
@@ -33,7 +37,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from agl_bridge.convert import ConversionReport, convert_store
+from agl_bridge.convert import ConversionReport, Trajectory, convert_store
 from agl_bridge.convert.policy import ConvertOptions, weighted_return
 from agl_bridge.errors import ConfigError
 from agl_bridge.proxy.server import ProxyServer
@@ -50,16 +54,26 @@ from agl_bridge.runner import (
 from agl_bridge.runner.recovery import fail_interrupted
 from agl_bridge.runner.runner import AgentFunction
 from agl_bridge.store.sqlite import SQLiteStore
-from agl_bridge.train.advantages import datums_for, group_advantages
+from agl_bridge.train.advantages import (
+    Advantage,
+    AdvantageBatch,
+    constant_divisor,
+    datums_for,
+    group_advantages,
+)
 from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig, config_to_dict
+from agl_bridge.train.distill import Teacher, distill_items
+from agl_bridge.train.dpo import train_dpo
 from agl_bridge.train.follow import train_follow
+from agl_bridge.train.judge import GroupJudge, judge_groups
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
 from agl_bridge.train.metrics import reward_stats, step_times
 from agl_bridge.train.offline import train_offline
 from agl_bridge.train.plot import plot_run
 from agl_bridge.train.policy import open_policy
 from agl_bridge.train.run_log import RunLog, RunSummary, format_reward, step_line
+from agl_bridge.train.shaping import add_rewards, shaping_rewards
 from agl_bridge.train.step import grpo_settings, train_step
 from agl_bridge.train.warm_start import load_pairs, warm_start
 
@@ -89,6 +103,8 @@ class GRPOTrainer:
             self.warm_start_pairs = (
                 list(warm_start_pairs) if warm_start_pairs is not None else load_pairs(config.warm_start.data)
             )
+            return
+        if config.mode == "dpo":
             return
         if config.offline_data:
             if not Path(config.offline_data).is_file():
@@ -124,9 +140,11 @@ class GRPOTrainer:
             config=config_to_dict(self.config),
         )
         try:
-            if self.config.offline_data:
+            if self.config.mode == "dpo":
+                summary = train_dpo(self.config, log, resume=resume)
+            elif self.config.offline_data:
                 return train_offline(self.config, log, resume=resume)
-            if self.config.mode == "follow":
+            elif self.config.mode == "follow":
                 summary = train_follow(self.config, log, resume=resume, warm_start_pairs=self.warm_start_pairs)
             else:
                 summary = self._train_online(log, resume=resume)
@@ -145,6 +163,21 @@ class GRPOTrainer:
         config = self.config
         policy = open_policy(config)
         client, sampler, tokenizer, name = policy.client, policy.sampler, policy.tokenizer, policy.name
+        try:
+            # Loaded (and its tokenizer checked) before the proxy or any rollout starts: a bad teacher fails at once.
+            teacher = (
+                Teacher(
+                    config.teacher,
+                    policy_tokenizer=tokenizer,
+                    policy_name=config.model,
+                    max_batch_tokens=config.max_batch_tokens,
+                )
+                if config.teacher
+                else None
+            )
+        except BaseException:
+            policy.close()
+            raise
         state = resume_latest(client, self.run_dir, config.seed, log) if resume else None
         proxy = ProxyServer(
             sampler=sampler,
@@ -158,7 +191,7 @@ class GRPOTrainer:
         try:
             proxy.start()
             log.say(f"proxy at {proxy.openai_base_url()} · model {config.model} · run dir {self.run_dir}")
-            summary = asyncio.run(self._loop(client, proxy, tokenizer, log, state))
+            summary = asyncio.run(self._loop(client, proxy, tokenizer, log, state, teacher))
             summary.wall_time_s = time.monotonic() - started
         finally:
             proxy.stop()
@@ -166,12 +199,30 @@ class GRPOTrainer:
         return summary
 
     async def _loop(
-        self, client: TrainingClient, proxy: ProxyServer, tokenizer: Any, log: RunLog, state: dict[str, Any] | None
+        self,
+        client: TrainingClient,
+        proxy: ProxyServer,
+        tokenizer: Any,
+        log: RunLog,
+        state: dict[str, Any] | None,
+        teacher: Teacher | None,
     ) -> RunSummary:
         """The online GRPO loop (see the module docs), from step 0 or from the checkpoint `state`."""
         config = self.config
         settings = grpo_settings(config)
         options = ConvertOptions(missing_reward=config.missing_reward, reward_weights=dict(config.reward_weights))
+        # With a judge or a teacher the agent need not emit a reward: keep such attempts (not "drop" them).
+        convert_options = (
+            dataclasses.replace(options, missing_reward="zero")
+            if (config.judge or teacher) and config.missing_reward == "drop"
+            else options
+        )
+        judge = None
+        if config.judge is not None:
+            judge = GroupJudge(
+                config.judge, base_url=proxy.openai_base_url(), api_key=proxy.api_key, tokenizer=tokenizer
+            )
+            await judge.check()  # before any rollout runs
         summary = RunSummary(self.run_dir, 0, 0.0, None, None)
         async with SQLiteStore(self.run_dir / "store.sqlite") as store:
             runner = self._runner(proxy, store, config.group_size)
@@ -212,11 +263,24 @@ class GRPOTrainer:
                     report = ConversionReport()
                     rollout_ids = [o.rollout_id for o in outcomes]
                     trajectories = [
-                        t async for t in convert_store(store, rollout_ids=rollout_ids, options=options, report=report)
+                        t
+                        async for t in convert_store(
+                            store, rollout_ids=rollout_ids, options=convert_options, report=report
+                        )
                     ]
+                    trajectories, rewarding = await self._trainer_rewards(trajectories, store, options, judge)
                     # advantages, datums
-                    batch = group_advantages(trajectories, std_scaling=config.advantage_std_scaling)
-                    datums = datums_for(batch.items, config.aggregation) if batch.items else []
+                    items: list[tuple[Trajectory, Advantage]]
+                    if teacher is not None:
+                        items, rewarding["reverse_kl"] = await asyncio.to_thread(distill_items, trajectories, teacher)
+                        batch = AdvantageBatch(groups=len(trajectories), trajectories=len(trajectories))
+                    else:
+                        batch = group_advantages(
+                            trajectories, estimator=config.advantage, std_scaling=config.advantage_std_scaling
+                        )
+                        items = list(batch.items)
+                    divisor = constant_divisor(config.advantage, batch.trajectories, config.default_max_tokens)
+                    datums = datums_for(items, config.aggregation, divisor=divisor) if items else []
                     t2 = time.perf_counter()
                     # train
                     metrics = await train_step(client, datums, settings)
@@ -244,6 +308,7 @@ class GRPOTrainer:
                         "segments": report.segments,
                         "groups": batch.groups,
                         "groups_zero_variance": batch.groups_dropped_zero_variance,
+                        **rewarding,
                         "datums": len(datums),
                         **metrics,
                         **step_times(
@@ -268,8 +333,34 @@ class GRPOTrainer:
                 ahead.cancel()
                 runner.close()
                 evaluator.close()
+                if judge is not None:
+                    await judge.close()
         client.save_weights_for_sampler(self.run_dir / "final_adapter")
         return summary
+
+    async def _trainer_rewards(
+        self, trajectories: list[Trajectory], store: SQLiteStore, options: ConvertOptions, judge: GroupJudge | None
+    ) -> tuple[list[Trajectory], dict[str, Any]]:
+        """Add the judge's scores and the shaping penalties to the step's trajectories (and the store).
+
+        Returns the trajectories that stay (groups the judge could not score are dropped) and the
+        record fields that say what happened.
+        """
+        config = self.config
+        fields: dict[str, Any] = {}
+        added: dict[int, tuple[Trajectory, dict[str, float]]] = {}
+        if judge is not None:
+            judged = await judge_groups(judge, trajectories)
+            trajectories = judged.kept
+            added = {id(t): (t, rewards) for t, rewards in judged.rewards}
+            fields = {"judge_calls": judged.calls, "groups_dropped_by_judge": judged.groups_dropped}
+        if config.overlong_penalty is not None or config.repetition_penalty is not None:
+            for trajectory in trajectories:
+                shaped = shaping_rewards(trajectory, config.overlong_penalty, config.repetition_penalty)
+                added.setdefault(id(trajectory), (trajectory, {}))[1].update(shaped)
+        if added:
+            await add_rewards(added.values(), options, store)
+        return trajectories, fields
 
     def _runner(self, proxy: ProxyServer, store: SQLiteStore, group_size: int) -> Runner:
         config = self.config

@@ -30,29 +30,41 @@ def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
     return float((x * y).sum() / denominator)
 
 
+GAP_KEYS = (
+    "ratio_mean",
+    "ratio_max",
+    "logprob_diff_mean",
+    "logprob_diff_abs_mean",
+    "logprob_diff_abs_max",
+    "prob_pearson",
+    "sampler_kl_k1",
+    "sampler_kl_k3",
+)
+"""The keys of `logprob_gap_stats`."""
+
+
 def logprob_gap_stats(trainer_lp: torch.Tensor, sampler_lp: torch.Tensor) -> dict[str, float]:
     """How far the trainer's logprobs are from the sampler's, over the given (active) tokens.
 
-    ratio_mean: mean exp(trainer − sampler); logprob_diff_mean: mean signed difference;
-    logprob_diff_abs_mean / _max: mean / max |difference|; prob_pearson: correlation of the token
-    probabilities exp(lp) between the two. All NaN when there are no tokens.
+    ratio_mean / ratio_max: mean / max of the ratio r = exp(trainer − sampler); logprob_diff_mean:
+    mean signed difference; logprob_diff_abs_mean / _max: mean / max |difference|; prob_pearson:
+    correlation of the token probabilities exp(lp) between the two; sampler_kl_k1 / sampler_kl_k3:
+    the k1 (mean of −log r) and k3 (mean of r − 1 − log r, never negative) estimates of
+    KL(sampler ‖ trainer) over the sampled tokens. All NaN when there are no tokens.
     """
     if trainer_lp.numel() == 0:
-        nan = math.nan
-        return {
-            "ratio_mean": nan,
-            "logprob_diff_mean": nan,
-            "logprob_diff_abs_mean": nan,
-            "logprob_diff_abs_max": nan,
-            "prob_pearson": nan,
-        }
+        return dict.fromkeys(GAP_KEYS, math.nan)
     diff = trainer_lp.double() - sampler_lp.double()
+    ratio = diff.exp()
     return {
-        "ratio_mean": float(diff.exp().mean()),
+        "ratio_mean": float(ratio.mean()),
+        "ratio_max": float(ratio.max()),
         "logprob_diff_mean": float(diff.mean()),
         "logprob_diff_abs_mean": float(diff.abs().mean()),
         "logprob_diff_abs_max": float(diff.abs().max()),
         "prob_pearson": pearson(trainer_lp.exp(), sampler_lp.exp()),
+        "sampler_kl_k1": float(-diff.mean()),
+        "sampler_kl_k3": float((ratio - 1 - diff).mean()),
     }
 
 

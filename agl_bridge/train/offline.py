@@ -11,18 +11,25 @@ import asyncio
 import time
 from pathlib import Path
 
-from agl_bridge.convert import ConversionReport, Trajectory, convert_store, group_trajectories, iter_trajectories
+from agl_bridge.convert import (
+    ConversionReport,
+    ConvertOptions,
+    Trajectory,
+    convert_store,
+    group_trajectories,
+    iter_trajectories,
+)
 from agl_bridge.errors import ConfigError
 from agl_bridge.models.loading import resolve_model_path
 from agl_bridge.runner import TaskSchedule
 from agl_bridge.store.sqlite import SQLiteStore
-from agl_bridge.train.advantages import datums_for, group_advantages
-from agl_bridge.train.client import TrainingClient
+from agl_bridge.train.advantages import constant_divisor, datums_for, group_advantages
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
 from agl_bridge.train.metrics import reward_stats
 from agl_bridge.train.run_log import RunLog, RunSummary, format_reward
-from agl_bridge.train.step import grpo_settings, train_step
+from agl_bridge.train.shaping import add_rewards, shaping_rewards
+from agl_bridge.train.step import grpo_settings, run_client, train_step
 
 
 async def offline_groups(path: str, log: RunLog | None = None) -> list[list[Trajectory]]:
@@ -49,16 +56,17 @@ def train_offline(config: GRPOConfig, log: RunLog, *, resume: bool = False) -> R
     groups = asyncio.run(offline_groups(config.offline_data, log))
     if not groups:
         raise ConfigError(f"{config.offline_data} holds no trainable trajectories")
+    if config.overlong_penalty is not None or config.repetition_penalty is not None:
+        options = ConvertOptions(reward_weights=dict(config.reward_weights))
+        shaped = [
+            (t, shaping_rewards(t, config.overlong_penalty, config.repetition_penalty))
+            for group in groups
+            for t in group
+        ]
+        asyncio.run(add_rewards(shaped, options))  # once, in memory: the data is not ours to write to
     schedule = TaskSchedule(groups, config.batch_size, config.seed)
     settings = grpo_settings(config)
-    client = TrainingClient(
-        resolve_model_path(config.model),
-        lora_rank=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        train_unembedding=config.train_unembedding,
-        seed=config.seed,
-        max_batch_tokens=config.max_batch_tokens,
-    )
+    client = run_client(config, resolve_model_path(config.model))
     try:
         state = resume_latest(client, run_dir, config.seed, log, sync=False) if resume else None
         log.say(
@@ -67,8 +75,9 @@ def train_offline(config: GRPOConfig, log: RunLog, *, resume: bool = False) -> R
         for step in range(0 if state is None else int(state["next_step"]), config.steps):
             began = time.perf_counter()
             members = [t for group in schedule.for_step(step) for t in group]
-            batch = group_advantages(members, std_scaling=config.advantage_std_scaling)
-            datums = datums_for(batch.items, config.aggregation) if batch.items else []
+            batch = group_advantages(members, estimator=config.advantage, std_scaling=config.advantage_std_scaling)
+            divisor = constant_divisor(config.advantage, batch.trajectories, config.default_max_tokens)
+            datums = datums_for(batch.items, config.aggregation, divisor=divisor) if batch.items else []
             metrics = asyncio.run(train_step(client, datums, settings))
             record = {
                 "phase": "train",

@@ -14,6 +14,7 @@ from agl_bridge.models.loading import load_tokenizer, resolve_model_path, served
 from agl_bridge.sampler.factory import build_sampler
 from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig
+from agl_bridge.train.step import run_client
 
 
 @dataclass
@@ -38,13 +39,5 @@ def open_policy(config: GRPOConfig) -> Policy:
     tokenizer = load_tokenizer(model_path)
     name = served_model_name(config.model)
     sampler = build_sampler(config.sampler_spec(), model_path, tokenizer, served_name=name)
-    client = TrainingClient(
-        model_path,
-        lora_rank=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        train_unembedding=config.train_unembedding,
-        seed=config.seed,
-        sampler=sampler,
-        max_batch_tokens=config.max_batch_tokens,
-    )
+    client = run_client(config, model_path, sampler)
     return Policy(model_path, tokenizer, name, sampler, client)

@@ -3,7 +3,8 @@
 `TrainingClient.forward_backward` splits the batch into micro-batches of at most `max_batch_tokens`
 padded tokens (the one knob that bounds memory) and adds up their gradients; `train_step` takes one
 AdamW step on the sum and returns the metrics a run logs. Online GRPO, offline GRPO and the
-supervised warm start differ only in their datums and their `StepSettings`.
+supervised warm start differ only in their datums and their `StepSettings`; DPO takes the same step
+with its custom loss.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agl_bridge.train.client import AdamParams, TrainingClient
+from agl_bridge.sampler.base import AdapterSampler
+from agl_bridge.sampler.hf import HFSampler
+from agl_bridge.train.client import AdamParams, CustomLossFn, TrainingClient
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.datum import Datum
 
@@ -22,31 +25,59 @@ TRAIN_KEYS = ("loss", "grad_norm", "lr", "ratio_mean", "logprob_diff_abs_mean", 
 
 @dataclass(frozen=True)
 class StepSettings:
-    """What one step optimises and how: the loss, its settings, and the AdamW hyper-parameters."""
+    """What one step optimises and how: the loss (a built-in's name, or a custom loss function for
+    `forward_backward_custom`), its settings, and the AdamW hyper-parameters."""
 
-    loss_fn: str
+    loss_fn: str | CustomLossFn
     loss_config: dict[str, Any] | None
     adam: AdamParams
 
 
 def grpo_settings(config: GRPOConfig) -> StepSettings:
-    """The GRPO step of a run config: its loss (TIS cap for importance sampling, clip ratios for ppo / cispo)."""
+    """The GRPO step of a run config: its loss with the clip ratios and the rollout correction.
+
+    importance_sampling always takes the correction keys (token TIS at `tis_cap` by default); the
+    clipped losses (ppo, cispo, gspo) take them only with `rollout_correction` set (decoupled mode),
+    else their ratio against the sampler is the correction (bypass mode).
+    """
     loss_config: dict[str, Any] = {"kl_coef": config.kl_coef}
-    if config.loss_fn == "importance_sampling" and config.tis_cap is not None:
-        loss_config["tis_cap"] = config.tis_cap
-    if config.loss_fn in ("ppo", "cispo"):
-        loss_config |= {
-            "clip_low_threshold": config.clip_low_threshold,
-            "clip_high_threshold": config.clip_high_threshold,
-        }
-    adam = AdamParams(
+    if config.loss_fn == "importance_sampling" or config.rollout_correction is not None:
+        if config.rollout_correction is not None:
+            loss_config["correction_level"] = config.rollout_correction
+        if config.tis_cap is not None:
+            loss_config["tis_cap"] = config.tis_cap
+        loss_config |= config.masking_keys()
+    if config.loss_fn in ("ppo", "cispo", "gspo"):
+        low, high = config.clip_thresholds()
+        loss_config |= {"clip_low_threshold": low, "clip_high_threshold": high}
+    return StepSettings(config.loss_fn, loss_config, adam_params(config))
+
+
+def adam_params(config: GRPOConfig) -> AdamParams:
+    """The AdamW hyper-parameters of a run config."""
+    return AdamParams(
         learning_rate=config.learning_rate,
         beta1=config.beta1,
         beta2=config.beta2,
         weight_decay=config.weight_decay,
         grad_clip_norm=config.grad_clip_norm,
     )
-    return StepSettings(config.loss_fn, loss_config, adam)
+
+
+def run_client(
+    config: GRPOConfig, model_path: str, sampler: HFSampler | AdapterSampler | None = None
+) -> TrainingClient:
+    """The TrainingClient of a run config (its LoRA, seed and memory bound), publishing to `sampler` if given."""
+    return TrainingClient(
+        model_path,
+        lora_rank=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        target_modules=config.lora_target_modules,
+        train_unembedding=config.train_unembedding,
+        seed=config.seed,
+        sampler=sampler,
+        max_batch_tokens=config.max_batch_tokens,
+    )
 
 
 async def train_step(client: TrainingClient, datums: list[Datum], settings: StepSettings) -> dict[str, Any]:
@@ -57,7 +88,10 @@ async def train_step(client: TrainingClient, datums: list[Datum], settings: Step
     if not datums:
         return {key: None for key in TRAIN_KEYS} | {"trained_tokens": 0, "time_forward_backward_s": 0.0}
     began = time.perf_counter()
-    output = await client.forward_backward_async(datums, settings.loss_fn, settings.loss_config)
+    if isinstance(settings.loss_fn, str):
+        output = await client.forward_backward_async(datums, settings.loss_fn, settings.loss_config)
+    else:
+        output = await client.forward_backward_custom_async(datums, settings.loss_fn)
     optim = await client.optim_step_async(settings.adam)
     compute = time.perf_counter() - began
     metrics: dict[str, Any] = {key: value for key, value in output.metrics.items() if key != "time_s"}

@@ -2,7 +2,7 @@
 
 Settings come from the `config.json` the GRPO loop writes at start: the model (for token text) and
 the keys that decide how the trainer converted and scored the store (`reward_weights`,
-`missing_reward`, `advantage_std_scaling`). Without a run directory the converter's defaults apply.
+`missing_reward`, `advantage` / `advantage_std_scaling`). Without a run directory the converter's defaults apply.
 
 `MetricsLog` re-reads metrics.jsonl only when it changed (size, mtime or inode), so polling pages
 cost nothing between steps; a torn last line (a run killed mid-write) is skipped, and a file
@@ -32,6 +32,7 @@ class RunSettings:
 
     options: ConvertOptions = field(default_factory=ConvertOptions)
     std_scaling: bool = False
+    advantage: str = "group_mean"
     model: str | None = None
     source: str = "the converter's defaults (no run directory)"
 
@@ -65,7 +66,8 @@ def load_run_settings(run_dir: Path | None) -> RunSettings:
     model = config.get("model")
     return RunSettings(
         options=options,
-        std_scaling=bool(config.get("advantage_std_scaling", False)),
+        std_scaling=bool(config.get("advantage_std_scaling", False)) or config.get("advantage") == "mean_std",
+        advantage=str(config.get("advantage") or "group_mean"),
         model=model if isinstance(model, str) and model else None,
         source=str(path),
     )

@@ -4,7 +4,8 @@ The converter runs here exactly as the trainer ran it (`convert_rollout_attempts
 `ConvertOptions`), over the stored token ids, so the token view shows the very sequences, masks,
 sampler logprobs and policy versions the trainer got — or the `DropReason` it got instead. The
 advantage is `group_advantages` (agl_bridge/train/advantages.py) over the trajectories of the
-rollout's group: return minus the group mean, a zero-variance group dropped (nothing trained).
+rollout's group with the run's estimator: return minus the group mean (÷ std, or × n/(n−1) for
+RLOO), a zero-variance group dropped (nothing trained).
 
 The token markup is built here in one pass rather than in a template: a segment can hold tens of
 thousands of tokens, and a Python join is an order of magnitude faster than a template loop.
@@ -59,6 +60,7 @@ class GroupTraining:
     advantages: dict[AttemptKey, float] = field(default_factory=dict)
     zero_variance: bool = False
     std_scaling: bool = False
+    estimator: str = "group_mean"
 
     @property
     def returns(self) -> list[float]:
@@ -132,7 +134,7 @@ def _train_members(
 
 
 def _train_group(group_id: str, records: list[RolloutRecords], settings: RunSettings) -> GroupTraining:
-    group = GroupTraining(group_id, std_scaling=settings.std_scaling)
+    group = GroupTraining(group_id, std_scaling=settings.std_scaling, estimator=settings.advantage)
     report = ConversionReport()
     for rollout in records:
         group.records[rollout.rollout.rollout_id] = rollout
@@ -140,7 +142,8 @@ def _train_group(group_id: str, records: list[RolloutRecords], settings: RunSett
             group.outcomes[(rollout.rollout.rollout_id, bundle.attempt.attempt_id)] = outcome
     trajectories = [o for o in group.outcomes.values() if isinstance(o, Trajectory)]
     if trajectories:
-        batch = trainer_group_advantages()(trajectories, std_scaling=settings.std_scaling)
+        estimator = "mean_std" if settings.std_scaling else settings.advantage
+        batch = trainer_group_advantages()(trajectories, estimator=estimator)
         group.advantages = {(t.rollout_id, t.attempt_id): advantage for t, advantage in batch.items}
         group.zero_variance = batch.groups_dropped_zero_variance > 0
     return group

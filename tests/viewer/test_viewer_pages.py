@@ -201,3 +201,23 @@ def test_store_pages_work_without_metrics(scenario_store: Path, tmp_path: Path) 
         assert client.get("/rollouts/ro-a1").status_code == 200
     finally:
         viewer.close()
+
+
+def test_a_run_with_rloo_shows_the_leave_one_out_advantages(scenario_store: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text('{"model": null, "advantage": "rloo"}')
+    opened = Viewer(scenario_store, run_dir)
+    try:
+        test_client = TestClient(create_app(opened, key=KEY, port=0))
+        test_client.headers["authorization"] = f"Bearer {KEY}"
+        page = test_client.get("/rollouts", params={"group": "s0-0", "sort": "created", "order": "asc"}).text
+    finally:
+        opened.close()
+    rows = dict(zip(rollout_ids(page), page.split('<tr data-rollout="')[1:], strict=True))
+    trajectories = converted(scenario_store)
+    members = [trajectories[i] for i in ("ro-a1", "ro-a2", "ro-a3")]
+    plain = {t.rollout_id: a for t, a in group_advantages(members).items}  # type: ignore[arg-type]
+    for trajectory, advantage in group_advantages(members, estimator="rloo").items:  # type: ignore[arg-type]
+        assert advantage == plain[trajectory.rollout_id] * 3 / 2  # n / (n − 1) for three trajectories
+        assert f"{advantage:+.3f}" in rows[trajectory.rollout_id]
