@@ -1,0 +1,57 @@
+"""The OpenAI Agents SDK through agl-bridge, with either model kind: `--api responses` (the SDK's
+default, `OpenAIResponsesModel`) or `--api chat` (`OpenAIChatCompletionsModel`).
+
+Run it as an `AgentCommand` (or by hand with these variables set): `OPENAI_BASE_URL` is the proxy
+routed to the rollout attempt, `OPENAI_API_KEY` its key, `AGL_MODEL` the served model and
+`AGL_TASK` a JSON task whose `turns` are the user messages of one conversation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+from typing import Any
+
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
+from openai import AsyncOpenAI
+
+set_tracing_disabled(True)  # otherwise the SDK uploads traces to OpenAI's servers (and needs an OpenAI key)
+
+
+@function_tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+async def main(api: str) -> None:
+    client = AsyncOpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"])
+    model_name = os.environ.get("AGL_MODEL", "tiny")
+    if api == "responses":
+        model: Any = OpenAIResponsesModel(model=model_name, openai_client=client)
+    else:
+        model = OpenAIChatCompletionsModel(model=model_name, openai_client=client)
+    # The SDK raises on a response cut by its token limit (Responses `status: incomplete`): leave room.
+    settings = ModelSettings(max_tokens=4096)
+    agent = Agent(name="assistant", instructions="Be brief.", model=model, tools=[add], model_settings=settings)
+    history: list[Any] = []
+    for turn in json.loads(os.environ.get("AGL_TASK", "{}")).get("turns", ["Say hello."]):
+        result = await Runner.run(agent, [*history, {"role": "user", "content": turn}], max_turns=3)
+        print(result.final_output)
+        history = result.to_input_list()  # the whole conversation, so the next turn extends it
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--api", choices=["responses", "chat"], default="responses")
+    asyncio.run(main(parser.parse_args().api))
