@@ -3,10 +3,12 @@
 
 Run it as an `AgentCommand`: `OPENAI_BASE_URL` (routed to the rollout attempt), `OPENAI_API_KEY`,
 `AGL_MODEL`, and `AGL_TASK` whose `turns` are the user messages of one conversation.
+`--reasoning-effort LEVEL` sends OpenAI's `reasoning_effort` with every call.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 
@@ -20,10 +22,13 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+parser = argparse.ArgumentParser(description=__doc__)
+parser.add_argument("--reasoning-effort", choices=["minimal", "low", "medium", "high"])
 llm = ChatOpenAI(
     model=os.environ.get("AGL_MODEL", "tiny"),
     base_url=os.environ["OPENAI_BASE_URL"],
     api_key=os.environ["OPENAI_API_KEY"],
+    reasoning_effort=parser.parse_args().reasoning_effort,
 )
 agent = create_agent(llm, tools=[add], system_prompt="Be brief.", checkpointer=InMemorySaver())
 thread = {"configurable": {"thread_id": "conversation"}}

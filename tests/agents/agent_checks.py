@@ -60,13 +60,13 @@ def check_reached_and_answered(exchanges: Sequence[Exchange], prefix: str) -> No
     assert model_requests(exchanges), "the agent never asked the proxy for a sample"
     stray = [e.describe() for e in exchanges if not e.path.startswith(prefix)]
     assert not stray, f"requests outside the rollout prefix {prefix}: {stray}"
-    failed = [e.describe() for e in exchanges if e.status >= 400]
+    failed = [e.describe() for e in exchanges if e.failed]
     assert not failed, "well-formed requests were refused:\n" + "\n".join(failed)
 
 
 def check_recorded(calls: Sequence[LLMCall], exchanges: Sequence[Exchange], rollout_id: str, attempt_id: str) -> None:
     """One record per answered model request, under this rollout attempt, ids and logprobs aligned."""
-    answered = [e for e in model_requests(exchanges) if e.status < 400]
+    answered = [e for e in model_requests(exchanges) if not e.failed]
     sequences = {call.sequence for call in calls}
     assert len(sequences) == len(answered), (
         f"{len(answered)} model requests were answered but {len(sequences)} are recorded under {rollout_id}"

@@ -86,8 +86,7 @@ PIP_AGENTS: dict[str, PipAgent] = {
         PipAgent("openai-agents", ("openai-agents==0.24.0",)),
         PipAgent("pydantic-ai", ("pydantic-ai-slim[openai]==2.68.0",)),
         PipAgent("smolagents", ("smolagents[openai]==1.26.0",)),
-        # ADK talks to OpenAI-compatible servers through its LiteLLM wrapper.
-        PipAgent("google-adk", ("google-adk==2.13.0", "litellm==1.106.2")),
+        PipAgent("google-adk", ("google-adk[openai]==2.13.0",)),
         PipAgent("dspy", ("dspy==3.4.1",)),
         PipAgent("autogen", ("autogen-agentchat==0.7.5", "autogen-ext[openai]==0.7.5")),
         PipAgent("mini-swe-agent", ("mini-swe-agent==2.4.6",)),

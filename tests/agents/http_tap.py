@@ -20,6 +20,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+# How a stream reports an error after its 200: Anthropic's `event: error`, OpenAI's `data: {"error": ...}`.
+_STREAM_ERRORS = (b"event: error", b'data: {"error"')
 # Hop-by-hop and length headers: aiohttp sets them again for each leg.
 _REQUEST_DROP = {"host", "content-length", "transfer-encoding", "connection", "accept-encoding"}
 _RESPONSE_DROP = {"content-length", "transfer-encoding", "connection"}
@@ -35,6 +37,7 @@ class Exchange:
     status: int
     request_body: bytes
     response_head: bytes  # the first bytes of the response body (error messages, the first stream events)
+    stream_error: bool = False  # a 2xx stream that carried an error event (how a streamed request fails)
 
     def request_json(self) -> dict[str, Any]:
         """The request body as JSON ({} when it is empty or not JSON)."""
@@ -44,10 +47,16 @@ class Exchange:
             return {}
         return body if isinstance(body, dict) else {}
 
+    @property
+    def failed(self) -> bool:
+        """Refused (4xx/5xx), or answered 2xx with an error event in the stream."""
+        return self.status >= 400 or self.stream_error
+
     def describe(self) -> str:
         """One line for assertion messages."""
         head = self.response_head[:300].decode("utf-8", "replace")
-        return f"{self.method} {self.path} -> {self.status}: {head}"
+        error = " (error event in the stream)" if self.stream_error else ""
+        return f"{self.method} {self.path} -> {self.status}{error}: {head}"
 
 
 class HttpTap:
@@ -78,6 +87,8 @@ class HttpTap:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _REQUEST_DROP}
         session = request.app[_SESSION]
         head = b""
+        stream_error = False
+        carry = b""  # the end of the previous chunk, so a marker split across two chunks is still seen
         async with session.request(
             request.method, self.upstream + request.rel_url.path_qs, headers=headers, data=body, allow_redirects=False
         ) as upstream:
@@ -90,13 +101,17 @@ class HttpTap:
                 async for chunk in upstream.content.iter_any():
                     if len(head) < 4096:
                         head += chunk[: 4096 - len(head)]
+                    stream_error = stream_error or any(marker in carry + chunk for marker in _STREAM_ERRORS)
+                    carry = chunk[-32:]
                     await response.write(chunk)
                 await response.write_eof()
             except ConnectionResetError:
                 pass  # the agent hung up once it had what it needed (Codex does after `response.completed`)
             finally:
                 with self._lock:
-                    self.exchanges.append(Exchange(request.method, request.path, upstream.status, body, head))
+                    self.exchanges.append(
+                        Exchange(request.method, request.path, upstream.status, body, head, stream_error)
+                    )
         return response
 
     @contextmanager

@@ -65,6 +65,9 @@ def test_refused_or_stray_requests_fail() -> None:
         check_reached_and_answered([Exchange("GET", PREFIX + "v1/models", 200, b"", b"")], PREFIX)
     with pytest.raises(AssertionError, match="refused"):
         check_reached_and_answered([_exchange(status=400)], PREFIX)
+    streamed_error = Exchange("POST", PREFIX + "v1/messages", 200, b"{}", b"event: error\ndata: {}", stream_error=True)
+    with pytest.raises(AssertionError, match="error event in the stream"):
+        check_reached_and_answered([_exchange(), streamed_error], PREFIX)
     with pytest.raises(AssertionError, match="outside the rollout prefix"):
         check_reached_and_answered([_exchange("/v1/chat/completions")], PREFIX)
 

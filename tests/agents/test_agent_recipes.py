@@ -76,6 +76,27 @@ RECIPES = [
     # mini-swe-agent drops a reply it cannot parse (every reply of the random model) from the conversation
     # and appends its format error instead: the next prompt extends the last prompt, not prompt + reply.
     Recipe("mini-swe-agent", "mini_swe_agent.py", "mini-swe-agent", "/v1/chat/completions", multi_turn=False),
+    # The same agents configured to meet the protocol edges issue 16 fixes; these flip to passing with the fix.
+    Recipe(
+        "openai-agents-previous-response-id",
+        "openai_agents_sdk.py",
+        "openai-agents",
+        "/v1/responses",
+        ("--api", "responses", "--server-history"),
+        marks=(
+            pytest.mark.xfail(
+                strict=True, reason="issue 16: Responses `previous_response_id` is ignored (turn 2 lacks the history)"
+            ),
+        ),
+    ),
+    Recipe(
+        "langgraph-reasoning-effort",
+        "langgraph_agent.py",
+        None,
+        "/v1/chat/completions",
+        ("--reasoning-effort", "low"),
+        marks=(pytest.mark.xfail(strict=True, reason="issue 16: chat `reasoning_effort` is refused with a 400"),),
+    ),
 ]
 
 
