@@ -7,14 +7,14 @@
 - the prompt ids are what was sampled on: the tiny model, rescoring `prompt + response`, gives the
   stored logprobs;
 - multi-turn: a later turn's prompt extends the earlier turn's prompt + sampled ids token for token,
-  or its record says why not (`prefix_breaks`).
+  or its record says why not (`prefix_breaks`), or the agent sent back other text than it was given.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,18 +111,28 @@ def continuations(calls: Sequence[LLMCall]) -> list[tuple[LLMCall, LLMCall]]:
     return pairs
 
 
-def check_multi_turn(calls: Sequence[LLMCall]) -> None:
-    """At least one later turn, and each extends its earlier turn's prompt + sampled ids (or says why not)."""
+def check_multi_turn(calls: Sequence[LLMCall], decode: Callable[[Sequence[int]], str]) -> list[int]:
+    """At least one later turn, and each extends its earlier turn's prompt + sampled ids (or says why not).
+
+    A turn whose text does not start with the earlier prompt + reply, with no prefix break recorded, is
+    one where the agent sent back other text than it was given (pydantic-ai re-wraps a `<think>` block
+    of the reply): no prompt can carry the sampled ids then. Such turns are returned (their sequence
+    numbers), not failed.
+    """
     pairs = continuations(calls)
     assert pairs, (
         f"no call's prompt extends an earlier one ({len(calls)} calls, prompt lengths "
         f"{[len(c.prompt_token_ids) for c in calls]}): the conversation was not continued"
     )
+    edited_by_agent = []
     for earlier, later in pairs:
         expected = earlier.prompt_token_ids + earlier.response_token_ids
         if later.prompt_token_ids[: len(expected)] == expected:
             continue
         kinds = {b["kind"] if isinstance(b, dict) else str(b) for b in later.prefix_breaks}
+        if not kinds and not decode(later.prompt_token_ids).startswith(decode(expected)):
+            edited_by_agent.append(later.sequence)
+            continue
         assert kinds, (
             f"call {later.sequence}'s prompt does not extend call {earlier.sequence}'s prompt + response "
             f"(first difference at token {_first_difference(later.prompt_token_ids, expected)}) and its record "
@@ -131,6 +141,7 @@ def check_multi_turn(calls: Sequence[LLMCall]) -> None:
         if kinds == {"stop_token_differs"}:  # the content ids are kept, only the end-of-turn id is the template's
             content = expected[:-1]
             assert later.prompt_token_ids[: len(content)] == content, f"call {later.sequence}: content ids not kept"
+    return edited_by_agent
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:

@@ -27,3 +27,13 @@ def tiny_scorer(agent_server: AgentServer) -> Any:
     from agl_bridge.models.loading import ensure_tiny_model, load_causal_lm
 
     return load_causal_lm(ensure_tiny_model()).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(agent_server: AgentServer) -> Any:
+    """The served tiny model's tokenizer, to compare what the agent sent back with what was sampled."""
+    from transformers import AutoTokenizer
+
+    from agl_bridge.models.loading import ensure_tiny_model
+
+    return AutoTokenizer.from_pretrained(ensure_tiny_model())

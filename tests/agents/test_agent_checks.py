@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from agent_checks import check_multi_turn, check_reached_and_answered, check_recorded, continuations
 from http_tap import Exchange
@@ -9,6 +11,11 @@ from http_tap import Exchange
 from agl_bridge.types import LLMCall
 
 PREFIX = "/rollout/ro-1/attempt/at-1/"
+
+
+def _decode(ids: Sequence[int]) -> str:
+    """A stand-in tokenizer: id 78 decodes to the text of ids 7 and 8, as a BPE merge would."""
+    return "".join(map(str, ids))
 
 
 def _call(sequence: int, prompt: list[int], response: list[int], **fields: object) -> LLMCall:
@@ -34,29 +41,35 @@ def test_a_continued_turn_that_extends_prompt_and_response_passes() -> None:
     side = _call(1, [1, 9], [4])  # another prompt (a title call): pairs with nothing
     second = _call(2, [1, 2, 3, 7, 8, 2, 5, 6], [9])
     assert continuations([first, side, second]) == [(first, second)]
-    check_multi_turn([first, side, second])
+    assert check_multi_turn([first, side, second], _decode) == []
 
 
 def test_a_continued_turn_that_drops_sampled_ids_fails_unless_its_record_says_why() -> None:
     first = _call(0, [1, 2, 3], [7, 8, 2])
     retokenized = _call(1, [1, 2, 3, 78, 2, 5], [9])
     with pytest.raises(AssertionError, match="does not extend"):
-        check_multi_turn([first, retokenized])
+        check_multi_turn([first, retokenized], _decode)
     declared = _call(1, [1, 2, 3, 78, 2, 5], [9], prefix_breaks=[{"kind": "rendered_differently"}])
-    check_multi_turn([first, declared])
+    assert check_multi_turn([first, declared], _decode) == []
+
+
+def test_a_reply_the_agent_changed_before_sending_it_back_is_reported_not_failed() -> None:
+    first = _call(0, [1, 2, 3], [7, 8, 2])
+    edited = _call(1, [1, 2, 3, 9, 9, 2, 5], [9])  # the text differs: nothing could carry the sampled ids
+    assert check_multi_turn([first, edited], _decode) == [1]
 
 
 def test_a_different_stop_token_must_keep_the_content_ids() -> None:
     first = _call(0, [1, 2, 3], [7, 8, 0])  # stopped on <|endoftext|>; the template ends turns with id 2
     breaks = [{"kind": "stop_token_differs"}]
-    check_multi_turn([first, _call(1, [1, 2, 3, 7, 8, 2, 5], [9], prefix_breaks=breaks)])
+    check_multi_turn([first, _call(1, [1, 2, 3, 7, 8, 2, 5], [9], prefix_breaks=breaks)], _decode)
     with pytest.raises(AssertionError, match="content ids not kept"):
-        check_multi_turn([first, _call(1, [1, 2, 3, 7, 9, 2, 5], [9], prefix_breaks=breaks)])
+        check_multi_turn([first, _call(1, [1, 2, 3, 7, 9, 2, 5], [9], prefix_breaks=breaks)], _decode)
 
 
 def test_no_continued_turn_fails() -> None:
     with pytest.raises(AssertionError, match="not continued"):
-        check_multi_turn([_call(0, [1, 2], [3]), _call(1, [1, 4], [3])])
+        check_multi_turn([_call(0, [1, 2], [3]), _call(1, [1, 4], [3])], _decode)
 
 
 def test_refused_or_stray_requests_fail() -> None:

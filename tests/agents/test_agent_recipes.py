@@ -129,7 +129,9 @@ def _isolated_home(root: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("recipe", [recipe.param() for recipe in RECIPES])
-def test_agent_recipe(recipe: Recipe, agent_server: AgentServer, tiny_scorer: Any, tmp_path: Path) -> None:
+def test_agent_recipe(
+    recipe: Recipe, agent_server: AgentServer, tiny_scorer: Any, tiny_tokenizer: Any, tmp_path: Path
+) -> None:
     argv, install_env = _command(recipe)
     rollout_id, attempt_id = new_id(f"ro-{recipe.name}"), new_id("at")
     origin = agent_server.tap.origin
@@ -155,13 +157,15 @@ def test_agent_recipe(recipe: Recipe, agent_server: AgentServer, tiny_scorer: An
 
     exchanges = agent_server.tap.since(seen)
     calls = stored_calls(agent_server.store, rollout_id)
+    prefix = f"/rollout/{rollout_id}/attempt/{attempt_id}"
     print(  # shown with -s: what the agent did, for docs/agents.md's table
         f"{recipe.name}: exit {result.returncode}, {len(exchanges)} requests, {len(calls)} calls, prompt lengths "
         f"{[len(c.prompt_token_ids) for c in calls]}, continued turns {len(continuations(calls))}, fields sent "
-        f"{sorted({key for e in model_requests(exchanges) for key in e.request_json()})}"
+        f"{sorted({key for e in model_requests(exchanges) for key in e.request_json()})}, routes "
+        f"{sorted({f'{e.method} {e.path.removeprefix(prefix)}' for e in exchanges})}"
     )
     try:
-        check_reached_and_answered(exchanges, f"/rollout/{rollout_id}/attempt/{attempt_id}/")
+        check_reached_and_answered(exchanges, prefix + "/")
         wrong_route = [e.describe() for e in model_requests(exchanges) if not e.path.endswith(recipe.route)]
         assert not wrong_route, f"{recipe.name} should speak {recipe.route} only: {wrong_route}"
         check_recorded(calls, exchanges, rollout_id, attempt_id)
@@ -169,8 +173,8 @@ def test_agent_recipe(recipe: Recipe, agent_server: AgentServer, tiny_scorer: An
         check_sampled_on(calls, tiny_scorer)
         if recipe.exits_cleanly:
             assert result.returncode == 0, f"{recipe.name} failed"
-        if recipe.multi_turn:
-            check_multi_turn(calls)
+        if recipe.multi_turn and (edited := check_multi_turn(calls, tiny_tokenizer.decode)):
+            print(f"{recipe.name}: calls {edited} continue a reply the agent changed before sending it back")
     except AssertionError as error:
         transcript = (
             f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-5000:]}"
