@@ -25,6 +25,8 @@ env = {
     "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
     "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
     "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+    # A model id it does not know gets a 1M-token window: give it the served one (tiny's), so it compacts in time.
+    "CLAUDE_CODE_AUTO_COMPACT_WINDOW": "65536",
     # Nothing but model calls leaves the machine: no telemetry, error reports or update checks.
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     "DISABLE_TELEMETRY": "1",

@@ -1,6 +1,8 @@
 """Codex CLI (`npm install -g @openai/codex`) through agl-bridge: it speaks only the Responses API
 (`/v1/responses`, streamed), configured as a custom model provider. Each turn of the task is one
-`codex exec` run; later turns `resume --last`, so their prompts extend the first.
+`codex exec` run; later turns `resume --last`, so their prompts extend the first. Codex sends no
+output limit and treats a reply cut by the server's (`serve --default-max-tokens`, 1024 unless set)
+as an error: serve with a limit its replies fit in.
 
 The provider is given with `-c` overrides here; the same keys in `$CODEX_HOME/config.toml` work too
 (see docs/agents.md). Run it as an `AgentCommand` (needs only Python's standard library and `codex`
@@ -22,6 +24,7 @@ settings = [
     f"model_providers.agl={provider}",
     "model_provider=agl",
     f"model={os.environ.get('AGL_MODEL', 'tiny')}",
+    "model_context_window=65536",  # the served model's window (tiny's), so Codex compacts before it is full
     "check_for_update_on_startup=false",
     "analytics.enabled=false",
     "feedback.enabled=false",

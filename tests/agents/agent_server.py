@@ -18,6 +18,8 @@ from agl_bridge.testing.proxy_process import child_env
 
 API_KEY = "sk-agl-agent-recipes"
 START_TIMEOUT_S = 300
+DEFAULT_MAX_TOKENS = 8192
+"""`serve --default-max-tokens`, as docs/agents.md advises: Codex sends no output limit and fails on a capped reply."""
 _SERVING = re.compile(r"agl-bridge is serving '[^']+' \(.+\) at http://127\.0\.0\.1:(?P<port>\d+)/v1$")
 
 
@@ -48,6 +50,7 @@ def serve_tiny(folder: Path) -> Iterator[AgentServer]:
     """Start the server (store in `folder`), wait until it serves, put the tap in front; stop it by PID after."""
     store = folder / "store.sqlite"
     command = [AGL_BRIDGE, "serve", "--model", "tiny", "--port", "0", "--store", str(store), "--api-key", API_KEY]
+    command += ["--default-max-tokens", str(DEFAULT_MAX_TOKENS)]
     process = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=folder
     )
