@@ -3,7 +3,7 @@ default, `OpenAIResponsesModel`) or `--api chat` (`OpenAIChatCompletionsModel`).
 
 Later turns send the whole conversation back (`result.to_input_list()`); with `--api responses
 --server-history` they send only the new message and `previous_response_id` instead, leaving the
-history to the server.
+history to the server. `--reasoning-effort LEVEL` asks for a reasoning effort with every call.
 
 Run it as an `AgentCommand` (or by hand with these variables set): `OPENAI_BASE_URL` is the proxy
 routed to the rollout attempt, `OPENAI_API_KEY` its key, `AGL_MODEL` the served model and
@@ -28,6 +28,7 @@ from agents import (
     set_tracing_disabled,
 )
 from openai import AsyncOpenAI
+from openai.types.shared import Reasoning
 
 set_tracing_disabled(True)  # otherwise the SDK uploads traces to OpenAI's servers (and needs an OpenAI key)
 
@@ -38,7 +39,7 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-async def main(api: str, server_history: bool) -> None:
+async def main(api: str, server_history: bool, reasoning_effort: str | None) -> None:
     client = AsyncOpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"])
     model_name = os.environ.get("AGL_MODEL", "tiny")
     if api == "responses":
@@ -46,7 +47,8 @@ async def main(api: str, server_history: bool) -> None:
     else:
         model = OpenAIChatCompletionsModel(model=model_name, openai_client=client)
     # The SDK raises on a response cut by its token limit (Responses `status: incomplete`): leave room.
-    settings = ModelSettings(max_tokens=4096)
+    reasoning = Reasoning(effort=reasoning_effort) if reasoning_effort else None
+    settings = ModelSettings(max_tokens=4096, reasoning=reasoning)
     agent = Agent(name="assistant", instructions="Be brief.", model=model, tools=[add], model_settings=settings)
     history: list[Any] = []
     previous_response_id = None
@@ -65,5 +67,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--api", choices=["responses", "chat"], default="responses")
     parser.add_argument("--server-history", action="store_true", help="chain turns with previous_response_id")
+    parser.add_argument("--reasoning-effort", choices=["minimal", "low", "medium", "high"])
     args = parser.parse_args()
-    asyncio.run(main(args.api, args.server_history))
+    asyncio.run(main(args.api, args.server_history, args.reasoning_effort))

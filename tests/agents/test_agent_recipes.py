@@ -90,6 +90,14 @@ RECIPES = [
         ),
     ),
     Recipe(
+        "openai-agents-reasoning-effort",
+        "openai_agents_sdk.py",
+        "openai-agents",
+        "/v1/responses",
+        ("--api", "responses", "--reasoning-effort", "low"),
+        marks=(pytest.mark.xfail(strict=True, reason="issue 16: Responses `reasoning` is refused with a 400"),),
+    ),
+    Recipe(
         "langgraph-reasoning-effort",
         "langgraph_agent.py",
         None,
