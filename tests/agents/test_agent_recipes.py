@@ -74,7 +74,7 @@ RECIPES = [
     Recipe("autogen", "autogen_agent.py", "autogen", "/v1/chat/completions"),
     Recipe("crewai", "crewai_agent.py", None, "/v1/chat/completions"),
     # mini-swe-agent drops a reply it cannot parse (every reply of the random model) from the conversation
-    # and appends its format error instead: the next prompt extends the last prompt, not prompt + reply.
+    # and appends its format error instead: the next prompt holds the last one's messages, never its reply.
     Recipe("mini-swe-agent", "mini_swe_agent.py", "mini-swe-agent", "/v1/chat/completions", multi_turn=False),
     # The same agents configured to meet the protocol edges issue 16 fixes; these flip to passing with the fix.
     Recipe(
