@@ -233,7 +233,7 @@ class GRPOTrainer:
                 members = [t for group in schedule.for_step(step) for t in group]
                 batch = group_advantages(members, std_scaling=self.config.advantage_std_scaling)
                 datums = datums_for(batch.items, self.config.aggregation) if batch.items else []
-                metrics = asyncio.run(self._train_on(client, datums))
+                metrics = asyncio.run(self._train_on(client, datums, step))
                 record = {
                     "phase": "train",
                     "step": step + 1,
@@ -340,7 +340,7 @@ class GRPOTrainer:
         batch = group_advantages(trajectories, std_scaling=config.advantage_std_scaling)
         datums = datums_for(batch.items, config.aggregation) if batch.items else []
         t2 = time.perf_counter()
-        train_metrics = await self._train_on(client, datums)
+        train_metrics = await self._train_on(client, datums, step)
         t3 = time.perf_counter()
         if datums:
             version = (await client.save_weights_and_get_sampling_client_async()).policy_version
@@ -374,8 +374,8 @@ class GRPOTrainer:
         record["overhead_share"] = round(outside / max(t4 - t0, 1e-9), 4)
         return record
 
-    async def _train_on(self, client: TrainingClient, datums: list[Datum]) -> dict[str, Any]:
-        """forward_backward over micro-batches, then one optim_step; metrics plus the compute time."""
+    async def _train_on(self, client: TrainingClient, datums: list[Datum], step: int) -> dict[str, Any]:
+        """forward_backward over micro-batches, then one optim_step at step's scheduled learning rate."""
         if not datums:  # every group had equal returns: nothing to learn, the record keeps its keys
             return {key: None for key in _TRAIN_KEYS} | {"trained_tokens": 0, "time_forward_backward_s": 0.0}
         config = self.config
@@ -400,7 +400,7 @@ class GRPOTrainer:
         began = time.perf_counter()
         optim = await client.optim_step_async(
             AdamParams(
-                learning_rate=config.learning_rate,
+                learning_rate=config.learning_rate_at(step),
                 beta1=config.beta1,
                 beta2=config.beta2,
                 weight_decay=config.weight_decay,

@@ -89,6 +89,16 @@ def test_toy_reward_goes_up_within_two_minutes(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "final_adapter").is_dir() and (tmp_path / "run" / "reward_curve.png").is_file()
 
 
+def test_each_step_trains_at_its_scheduled_learning_rate(tmp_path: Path) -> None:
+    config = _write_run(
+        tmp_path, steps=4, eval_every=100, checkpoint_every=100, lr_schedule="linear", lr_warmup_steps=1
+    )
+    _train(config)
+    rates = {r["step"]: r["lr"] for r in _train_records(tmp_path / "run") if r["datums"]}
+    expected = {1: 3e-3, 2: 3e-3, 3: 2e-3, 4: 1e-3}  # one warm-up step, then linear towards 0 over three
+    assert rates and all(rates[step] == pytest.approx(expected[step]) for step in rates), rates
+
+
 def test_resume_continues_without_repeating_or_skipping_tasks(tmp_path: Path) -> None:
     config = _write_run(tmp_path, steps=2, checkpoint_every=1, eval_every=100, batch_size=3, group_size=2)
     _train(config)
