@@ -1,7 +1,8 @@
 """The GRPO loop end to end, in subprocesses (a process holds one proxy): it learns, and it resumes.
 
 The toy task rewards longer tokens (characters per sampled token); a random model has plenty of
-variance there, so GRPO must raise the reward within a couple of minutes on a CPU.
+variance there, so GRPO must raise the reward within 30 steps. How long steps take is measured in
+bench/, not here: a loaded machine makes them slower, not wrong.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -69,16 +69,13 @@ def _train_records(run_dir: Path) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["phase"] == "train"]
 
 
-def test_toy_reward_goes_up_within_two_minutes(tmp_path: Path) -> None:
+def test_toy_reward_goes_up_within_thirty_steps(tmp_path: Path) -> None:
     config = _write_run(tmp_path, steps=30, eval_every=100, checkpoint_every=100, learning_rate=1e-2)
-    started = time.monotonic()
     _train(config)
-    elapsed = time.monotonic() - started
     records = _train_records(tmp_path / "run")
     rewards = [r["reward_mean"] for r in records]
     assert [r["step"] for r in records] == list(range(1, 31))
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.5, rewards
-    assert elapsed < 120, f"took {elapsed:.0f}s"
     first = records[0]
     assert abs(first["ratio_mean"] - 1.0) < 1e-3, "the first on-policy step sees ratio 1"
     assert first["logprob_diff_abs_max"] < 1e-3
