@@ -2,7 +2,7 @@
 
 The toy task rewards longer tokens (characters per sampled token); a random model has plenty of
 variance there, so GRPO must raise the reward within 30 steps. How long steps take is measured in
-bench/, not here: a loaded machine makes them slower, not wrong.
+bench/, not here: a loaded machine makes them slower, not wrong, so no subprocess gets a time limit.
 """
 
 from __future__ import annotations
@@ -55,11 +55,9 @@ def _write_run(tmp_path: Path, **settings: object) -> Path:
     return path
 
 
-def _train(config: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def _train(config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config), *extra]
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"}
-    )
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -118,7 +116,6 @@ def test_bad_config_is_one_clear_line(tmp_path: Path) -> None:
         [sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config)],
         capture_output=True,
         text=True,
-        timeout=60,
     )
     assert result.returncode == 2
     assert "unknown key 'stepz'" in result.stderr and "Traceback" not in result.stderr
@@ -132,7 +129,6 @@ def test_resume_with_another_model_is_refused_clearly(tmp_path: Path) -> None:
         [sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config), "--resume"],
         capture_output=True,
         text=True,
-        timeout=240,
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "does not match" in result.stderr and "Traceback" not in result.stderr
@@ -166,7 +162,6 @@ def test_offline_training_from_a_store_and_from_an_export(tmp_path: Path) -> Non
         ],
         check=True,
         capture_output=True,
-        timeout=120,
     )
     for name, source in (("from_store", store), ("from_export", exported)):
         config = tmp_path / f"{name}.json"
