@@ -22,6 +22,7 @@ from agl_bridge.train.advantages import AdvantageEstimator
 from agl_bridge.train.client import DEFAULT_MAX_BATCH_TOKENS
 from agl_bridge.train.correction import CorrectionLevel
 from agl_bridge.train.losses import LOSSES
+from agl_bridge.train.schedule import LRSchedule, scheduled_learning_rate
 
 Mode = Literal["online", "follow", "dpo"]
 LossName = Literal["importance_sampling", "ppo", "cispo", "gspo"]
@@ -157,6 +158,9 @@ class GRPOConfig:
     batch_size: int = 8
     group_size: int = 4
     learning_rate: float = 1e-4
+    lr_schedule: LRSchedule = "constant"
+    lr_warmup_steps: int = 0
+    lr_final_ratio: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.95
     weight_decay: float = 0.0
@@ -249,6 +253,12 @@ class GRPOConfig:
             raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if not self.learning_rate > 0:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.lr_schedule not in get_args(LRSchedule):
+            raise ConfigError(f"lr_schedule must be one of {', '.join(get_args(LRSchedule))}, got {self.lr_schedule!r}")
+        if not isinstance(self.lr_warmup_steps, int) or not 0 <= self.lr_warmup_steps < self.steps:
+            raise ConfigError(f"lr_warmup_steps must be an integer in [0, steps), got {self.lr_warmup_steps!r}")
+        if not 0 <= self.lr_final_ratio <= 1:
+            raise ConfigError(f"lr_final_ratio must be in [0, 1], got {self.lr_final_ratio}")
         if self.tis_cap is not None and not self.tis_cap >= 1:
             raise ConfigError(f"tis_cap must be >= 1 (or null to turn the correction off), got {self.tis_cap}")
         low, high = self.clip_thresholds()
@@ -439,6 +449,17 @@ class GRPOConfig:
                 raise ConfigError(f"follow.{name} must be > 0 seconds, got {value!r}")
         if not 0 <= follow.port <= 65535:
             raise ConfigError(f"follow.port must be a port number (0 picks a free one), got {follow.port}")
+
+    def learning_rate_at(self, step: int) -> float:
+        """The learning rate of RL step `step` (0-based) under `lr_schedule`; see agl_bridge/train/schedule.py."""
+        return scheduled_learning_rate(
+            self.learning_rate,
+            step,
+            self.steps,
+            schedule=self.lr_schedule,
+            warmup_steps=self.lr_warmup_steps,
+            final_ratio=self.lr_final_ratio,
+        )
 
     def sampler_spec(self) -> SamplerSpec:
         """The sampler this run samples with: its `sampler*` keys, adapters under run_dir unless

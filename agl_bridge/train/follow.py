@@ -170,7 +170,9 @@ class FollowLoop:
                 divisor = constant_divisor(config.advantage, advantages.trajectories, config.default_max_tokens)
                 datums = datums_for(advantages.items, config.aggregation, divisor=divisor) if advantages.items else []
                 t2 = time.perf_counter()
-                metrics = await train_step(self.client, datums, settings)
+                metrics = await train_step(
+                    self.client, datums, settings.at_learning_rate(config.learning_rate_at(step - 1))
+                )
                 t3 = time.perf_counter()
                 if datums:
                     version = (

@@ -283,7 +283,7 @@ class GRPOTrainer:
                     datums = datums_for(items, config.aggregation, divisor=divisor) if items else []
                     t2 = time.perf_counter()
                     # train
-                    metrics = await train_step(client, datums, settings)
+                    metrics = await train_step(client, datums, settings.at_learning_rate(config.learning_rate_at(step)))
                     t3 = time.perf_counter()
                     # sync (nothing trained: the sampler keeps its policy)
                     if datums:

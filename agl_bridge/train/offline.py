@@ -78,7 +78,7 @@ def train_offline(config: GRPOConfig, log: RunLog, *, resume: bool = False) -> R
             batch = group_advantages(members, estimator=config.advantage, std_scaling=config.advantage_std_scaling)
             divisor = constant_divisor(config.advantage, batch.trajectories, config.default_max_tokens)
             datums = datums_for(batch.items, config.aggregation, divisor=divisor) if batch.items else []
-            metrics = asyncio.run(train_step(client, datums, settings))
+            metrics = asyncio.run(train_step(client, datums, settings.at_learning_rate(config.learning_rate_at(step))))
             record = {
                 "phase": "train",
                 "step": step + 1,

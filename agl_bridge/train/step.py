@@ -10,7 +10,7 @@ with its custom loss.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agl_bridge.sampler.base import AdapterSampler
@@ -31,6 +31,10 @@ class StepSettings:
     loss_fn: str | CustomLossFn
     loss_config: dict[str, Any] | None
     adam: AdamParams
+
+    def at_learning_rate(self, learning_rate: float) -> StepSettings:
+        """The same step at another learning rate (a schedule's rate for one step)."""
+        return replace(self, adam=replace(self.adam, learning_rate=learning_rate))
 
 
 def grpo_settings(config: GRPOConfig) -> StepSettings:

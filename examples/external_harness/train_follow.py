@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=4000, help="where the harness calls (0 picks a free one)")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sampler", choices=("hf", "vllm"), default="hf", help="as the demo's --sampler")
     args = parser.parse_args(argv)
     args.quick = False  # the demo's --quick shrinks its runner settings; the harness sets the pace here
     train_numbers, _ = split_numbers()

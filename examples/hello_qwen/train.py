@@ -22,6 +22,17 @@ from agent import hello_agent, prompt_for, split_numbers
 from agl_bridge.train.config import GRPOConfig, WarmStartConfig
 from agl_bridge.train.grpo import GRPOTrainer, RunSummary
 
+# 1- and 2-digit numbers are a tenth of 0–999. Seen that rarely, the tiny model copies them as if they had
+# three digits ("I'm .56...", reward 0); in GRPO such a group has equal returns and is dropped, so RL never
+# fixes them, and the held-out numbers' short tenth caps the end value near 0.8. Seen three times as often
+# (a quarter of the training mix), they are learnt with the rest.
+SHORT_NUMBER_WEIGHT = 3
+
+
+def with_short_numbers_weighted(numbers: list[int]) -> list[int]:
+    """`numbers` with each 1- or 2-digit number repeated SHORT_NUMBER_WEIGHT times: the training mix."""
+    return [n for n in numbers for _ in range(SHORT_NUMBER_WEIGHT if n < 100 else 1)]
+
 
 def build_config(args: argparse.Namespace) -> GRPOConfig:
     """The run's settings; --quick shrinks everything for CI."""
@@ -33,13 +44,15 @@ def build_config(args: argparse.Namespace) -> GRPOConfig:
         batch_size=4 if quick else args.batch_size,
         group_size=4 if quick else args.group_size,
         learning_rate=args.learning_rate,
+        lr_schedule="cosine",  # late steps rest on the few groups with unequal returns: smaller steps then
+        lr_final_ratio=0.1,
         lora_rank=16,
         lora_alpha=32,
         loss_fn="importance_sampling",
         tis_cap=2.0,
         aggregation="token_mean",
         eval_every=1 if quick else 10,
-        eval_group_size=1 if quick else 2,
+        eval_group_size=1 if quick else 4,  # 4 rollouts per held-out number: half the sampling variance of 2
         checkpoint_every=1 if quick else 20,
         default_max_tokens=16,
         concurrency=32,
@@ -62,11 +75,11 @@ def main(argv: list[str] | None = None) -> RunSummary:
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--batch-size", type=int, default=8, help="tasks (numbers) per RL step")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per task: one GRPO group")
-    parser.add_argument("--warm-start-steps", type=int, default=120)
+    parser.add_argument("--warm-start-steps", type=int, default=160)
     parser.add_argument("--no-warm-start", action="store_true", help="RL only (for real instruct models)")
     parser.add_argument("--quick", action="store_true", help="a few small steps, to check the pipeline")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --run-dir")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="task order, LoRA init, sampler")
     parser.add_argument(
         "--sampler",
         choices=("hf", "vllm"),
@@ -76,20 +89,21 @@ def main(argv: list[str] | None = None) -> RunSummary:
     args = parser.parse_args(argv)
 
     train_numbers, held_out = split_numbers()
+    training_mix = with_short_numbers_weighted(train_numbers)
     trainer = GRPOTrainer(
         build_config(args),
         agent=hello_agent,
-        tasks=train_numbers,
+        tasks=training_mix,
         eval_tasks=held_out,
-        warm_start_pairs=[(prompt_for(n), f"I'm {n}.") for n in train_numbers],
+        warm_start_pairs=[(prompt_for(n), f"I'm {n}.") for n in training_mix],
     )
     summary = trainer.run(resume=args.resume)
-    print_summary(summary)
+    print_summary(summary, args.seed)
     return summary
 
 
-def print_summary(summary: RunSummary) -> None:
-    """The closing table: held-out reward through the phases, steps, wall time, where the files are."""
+def print_summary(summary: RunSummary, seed: int) -> None:
+    """The closing table: held-out reward through the phases, steps, seed, wall time, where the files are."""
     from rich.console import Console
     from rich.table import Table
 
@@ -105,6 +119,7 @@ def print_summary(summary: RunSummary) -> None:
     table.add_row(f"end of RL ({summary.steps} steps)", fmt(summary.eval_end))
     if summary.eval_start is not None and summary.eval_end is not None:
         table.add_row("change during RL", fmt(summary.eval_end - summary.eval_start))
+    table.add_row("seed", str(seed))
     table.add_row("wall time", f"{summary.wall_time_s / 60:.1f} min")
     console = Console()
     console.print(table)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import twenty_questions_helpers  # noqa: F401  (puts the example on the import path)
 from twenty_q.agent import PlayerSettings, play_game
 from twenty_q.answerer_llm import AnswererConfig, OfflineAnswererLLM, make_answerer_llm
 from twenty_q.flow import GAME_OVER, NEXT_TURN, TwentyQuestionsFlow
@@ -131,6 +132,7 @@ def test_the_search_tool_is_counted_and_answers_about_the_named_thing() -> None:
             {"secret": "penguin", "category": "animals"},
             PlainEndpoint(server.base_url),
             settings=PlayerSettings(use_search=True),
+            answerer=AnswererConfig(),  # the offline answerer whatever TWENTYQ_ANSWERER_* say
         )
     assert state.guessed and state.turn == 1 and state.tool_calls == 1
     observation = str(server.requests[1]["messages"])

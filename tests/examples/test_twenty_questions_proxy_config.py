@@ -37,7 +37,13 @@ def test_answerer_via_the_proxy_config_is_used_and_recorded_as_text(tmp_path: Pa
         text=True,
         timeout=600,
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(HERE)},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(HERE),
+            "TWENTYQ_ANSWERER_MODEL": "answerer",
+            "TWENTYQ_ANSWERER_VIA_PROXY": "1",
+            "TWENTYQ_MAX_TURNS": "2",
+        },
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])

@@ -4,21 +4,19 @@
 
 Runs in its own process (LiteLLM's proxy is one per process). The player and the answerer are both
 models of the user's LiteLLM config (LiteLLM `mock_response` entries, so nothing leaves the machine),
-the answerer reached through the rollout's base_url (`TWENTYQ_ANSWERER_VIA_PROXY=1`).
+the answerer reached through the rollout's base_url. The test sets `TWENTYQ_ANSWERER_MODEL=answerer`,
+`TWENTYQ_ANSWERER_VIA_PROXY=1` and `TWENTYQ_MAX_TURNS=2` in this process's environment; nothing here
+changes `os.environ`, so importing this module never reconfigures the games of the importing process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from typing import Any
 
 import twenty_questions_helpers  # noqa: F401  (puts the example on the import path)
-
-os.environ.update(TWENTYQ_ANSWERER_MODEL="answerer", TWENTYQ_ANSWERER_VIA_PROXY="1", TWENTYQ_MAX_TURNS="2")
-
 from twenty_q.agent import play_game
 
 from agl_bridge.models.loading import load_causal_lm, load_tokenizer, resolve_model_path

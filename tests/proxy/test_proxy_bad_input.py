@@ -17,6 +17,9 @@ from proxy_helpers import MODEL, stored_calls
 from shared_helpers import new_id
 
 GOOD = [{"role": "user", "content": "hi"}]
+# The proxy promises each request an answer, not a latency: on a loaded machine an answer can take longer than
+# httpx's default 5 s, so calls that test what the answer is wait for it.
+NO_DEADLINE = httpx.Timeout(None)
 
 
 def _chat(**fields: Any) -> bytes:
@@ -123,7 +126,10 @@ def test_the_openai_client_raises_the_matching_exceptions(proxy_server: Any) -> 
 )
 def test_missing_or_wrong_key_is_401(proxy_server: Any, headers: dict[str, str], path: str) -> None:
     response = httpx.post(
-        f"{proxy_server.base_url}{path}", content=_chat(), headers={"content-type": "application/json", **headers}
+        f"{proxy_server.base_url}{path}",
+        content=_chat(),
+        headers={"content-type": "application/json", **headers},
+        timeout=NO_DEADLINE,
     )
     error = _check_error(response, 401, None)
     assert error["type"] == "authentication_error"
@@ -143,7 +149,7 @@ def test_other_key_headers_are_accepted(proxy_server: Any) -> None:
 
 
 def test_liveness_needs_no_key(proxy_server: Any) -> None:
-    assert httpx.get(f"{proxy_server.base_url}/health/liveliness").status_code == 200
+    assert httpx.get(f"{proxy_server.base_url}/health/liveliness", timeout=NO_DEADLINE).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -173,7 +179,8 @@ def test_malformed_rollout_ids_are_refused_before_any_work(
     proxy_server: Any, path: str, headers: dict[str, str], param: str
 ) -> None:
     before = len(proxy_server.sampler.served)
-    response = httpx.post(f"{proxy_server.base_url}{path}", content=_chat(), headers=_headers(proxy_server, **headers))
+    headers = _headers(proxy_server, **headers)
+    response = httpx.post(f"{proxy_server.base_url}{path}", content=_chat(), headers=headers, timeout=NO_DEADLINE)
     error = _check_error(response, 400, param)
     assert error["code"] == "invalid_rollout_id"
     assert len(proxy_server.sampler.served) == before

@@ -1,7 +1,8 @@
 """The GRPO loop end to end, in subprocesses (a process holds one proxy): it learns, and it resumes.
 
 The toy task rewards longer tokens (characters per sampled token); a random model has plenty of
-variance there, so GRPO must raise the reward within a couple of minutes on a CPU.
+variance there, so GRPO must raise the reward within 30 steps. How long steps take is measured in
+bench/, not here: a loaded machine makes them slower, not wrong, so no subprocess gets a time limit.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -55,11 +55,9 @@ def _write_run(tmp_path: Path, **settings: object) -> Path:
     return path
 
 
-def _train(config: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def _train(config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config), *extra]
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"}
-    )
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -69,16 +67,13 @@ def _train_records(run_dir: Path) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["phase"] == "train"]
 
 
-def test_toy_reward_goes_up_within_two_minutes(tmp_path: Path) -> None:
+def test_toy_reward_goes_up_within_thirty_steps(tmp_path: Path) -> None:
     config = _write_run(tmp_path, steps=30, eval_every=100, checkpoint_every=100, learning_rate=1e-2)
-    started = time.monotonic()
     _train(config)
-    elapsed = time.monotonic() - started
     records = _train_records(tmp_path / "run")
     rewards = [r["reward_mean"] for r in records]
     assert [r["step"] for r in records] == list(range(1, 31))
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.5, rewards
-    assert elapsed < 120, f"took {elapsed:.0f}s"
     first = records[0]
     assert abs(first["ratio_mean"] - 1.0) < 1e-3, "the first on-policy step sees ratio 1"
     assert first["logprob_diff_abs_max"] < 1e-3
@@ -87,6 +82,16 @@ def test_toy_reward_goes_up_within_two_minutes(tmp_path: Path) -> None:
         trained_steps += record["datums"] > 0
         assert record["policy_version"] == trained_steps
     assert (tmp_path / "run" / "final_adapter").is_dir() and (tmp_path / "run" / "reward_curve.png").is_file()
+
+
+def test_each_step_trains_at_its_scheduled_learning_rate(tmp_path: Path) -> None:
+    config = _write_run(
+        tmp_path, steps=4, eval_every=100, checkpoint_every=100, lr_schedule="linear", lr_warmup_steps=1
+    )
+    _train(config)
+    rates = {r["step"]: r["lr"] for r in _train_records(tmp_path / "run") if r["datums"]}
+    expected = {1: 3e-3, 2: 3e-3, 3: 2e-3, 4: 1e-3}  # one warm-up step, then linear towards 0 over three
+    assert rates and all(rates[step] == pytest.approx(expected[step]) for step in rates), rates
 
 
 def test_resume_continues_without_repeating_or_skipping_tasks(tmp_path: Path) -> None:
@@ -111,7 +116,6 @@ def test_bad_config_is_one_clear_line(tmp_path: Path) -> None:
         [sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config)],
         capture_output=True,
         text=True,
-        timeout=60,
     )
     assert result.returncode == 2
     assert "unknown key 'stepz'" in result.stderr and "Traceback" not in result.stderr
@@ -125,7 +129,6 @@ def test_resume_with_another_model_is_refused_clearly(tmp_path: Path) -> None:
         [sys.executable, "-m", "agl_bridge.cli", "train", "--config", str(config), "--resume"],
         capture_output=True,
         text=True,
-        timeout=240,
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "does not match" in result.stderr and "Traceback" not in result.stderr
@@ -159,7 +162,6 @@ def test_offline_training_from_a_store_and_from_an_export(tmp_path: Path) -> Non
         ],
         check=True,
         capture_output=True,
-        timeout=120,
     )
     for name, source in (("from_store", store), ("from_export", exported)):
         config = tmp_path / f"{name}.json"

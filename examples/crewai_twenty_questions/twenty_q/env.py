@@ -7,9 +7,10 @@ a variable explicitly. `OTEL_SDK_DISABLED` is never set: it would switch off our
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
-from pathlib import Path
 
 OFFLINE_SWITCHES: dict[str, str] = {
     "CREWAI_DISABLE_TELEMETRY": "true",
@@ -28,14 +29,25 @@ OFFLINE_SWITCHES: dict[str, str] = {
 def apply_offline_environment(storage_dir: str | os.PathLike[str] | None = None) -> None:
     """Set the offline switches (unless already set) and where CrewAI keeps its files.
 
-    storage_dir: CrewAI's storage (`CREWAI_STORAGE_DIR`); default a folder in the temp dir, so
-    nothing is written under the user's data dir.
+    storage_dir: CrewAI's storage (`CREWAI_STORAGE_DIR`); by default (and unless the variable is set)
+    a private temporary folder of this process, removed when it exits.
+
+    Why private: every `Crew.kickoff` in CrewAI 1.6.1 rewrites `latest_kickoff_task_outputs.db` in that
+    folder (its `crewai replay` log: a DELETE and INSERTs, each committed), through sqlite3's default
+    5-second lock timeout, and a lock error fails the kickoff. The answerer is a one-task Crew per
+    question, so a folder shared between processes (one fixed temp path used to be the default) let
+    any other process on the machine that holds that file's lock for 5 s (a commit's fsync on a busy
+    disk, a writer starved of CPU) fail a question: "answerer failed on turn N: Database
+    initialization error: database is locked", a wasted turn, in tests and in training alike.
     """
     for name, value in OFFLINE_SWITCHES.items():
         os.environ.setdefault(name, value)
     if storage_dir is not None:
         os.environ["CREWAI_STORAGE_DIR"] = str(storage_dir)
-    os.environ.setdefault("CREWAI_STORAGE_DIR", str(Path(tempfile.gettempdir()) / "agl-crewai-storage"))
+    elif not os.environ.get("CREWAI_STORAGE_DIR"):
+        private = tempfile.mkdtemp(prefix="agl-crewai-")
+        atexit.register(shutil.rmtree, private, ignore_errors=True)
+        os.environ["CREWAI_STORAGE_DIR"] = private
 
 
 def limit_torch_threads(threads: int | None) -> None:
