@@ -19,7 +19,8 @@ In order, for an HTTP request:
    no LiteLLM); our token routes (token-id `/v1/completions`, the LoRA routes) go to a bare app —
    none of LiteLLM's middleware, logging or auth; everything else (other models, LiteLLM's routes and
    protocol bridges, lifespan) goes to LiteLLM's proxy app, whose self-written error bodies get a
-   word `code` on the way out.
+   word `code` on the way out. A Responses or Anthropic stream for a served model is held until its
+   provider has sampled (`request.StreamStart`), so a refusal before sampling is a plain 4xx.
 Every refusal is shaped by `agl_bridge.proxy.errors`.
 """
 
@@ -40,12 +41,13 @@ from agl_bridge.proxy.chat_route import CHAT_PATHS, ChatRoute
 from agl_bridge.proxy.errors import (
     AUTHENTICATION,
     ApiError,
+    holding_stream_start,
     install_error_handlers,
     protocol_of,
     send_error,
     with_word_codes,
 )
-from agl_bridge.proxy.request import route_of_headers
+from agl_bridge.proxy.request import BRIDGED_STREAM, StreamStart, route_of_headers
 from agl_bridge.sampler.affinity import sampling_affinity
 
 if TYPE_CHECKING:
@@ -55,6 +57,8 @@ if TYPE_CHECKING:
 
 ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 _ROLLOUT_PATH = re.compile(r"^/rollout/(?P<rollout>[^/]*)/attempt/(?P<attempt>[^/]*)(?P<rest>/.*)?$")
+BRIDGED_PATHS = frozenset({"/v1/responses", "/responses", "/v1/messages", "/messages"})
+"""Routes LiteLLM bridges onto chat completions (Responses, Anthropic Messages)."""
 OPEN_PATHS = frozenset({"/health/liveliness", "/health/liveness", "/health/readiness"})
 """The only paths answered without the key: liveness/readiness probes that say only that the server is up."""
 
@@ -170,23 +174,29 @@ class Gateway:
                 await send_error(send, error, protocol)
                 return
         scope.setdefault("state", {})[_ADMITTED] = True
-        chat = self._served_chat(scope, path, body)
+        served = self._served(scope, path, body)
         with sampling_affinity(rollout):
-            if chat is not None:
-                chat_route, service, parsed = chat
+            if served is not None and path in CHAT_PATHS:
+                assert self.chat is not None
+                service, parsed = served
                 route = route_of_headers({k.decode(): v.decode("latin-1") for k, v in headers if k in _ROUTE_HEADERS})
-                await chat_route(scope, receive, send, service=service, body=parsed, route=route)
+                await self.chat(scope, receive, send, service=service, body=parsed, route=route)
             elif path in self._own_paths:
                 await self.own(scope, receive, send)
+            elif served is not None and served[1].get("stream") is True:  # a bridged stream: see StreamStart
+                start = StreamStart()
+                token = BRIDGED_STREAM.set(start)
+                try:
+                    await self.app(scope, receive, holding_stream_start(with_word_codes(send), start, protocol))
+                finally:
+                    BRIDGED_STREAM.reset(token)
             else:
                 await self.app(scope, receive, with_word_codes(send))
 
-    def _served_chat(
-        self, scope: Scope, path: str, body: bytes
-    ) -> tuple[ChatRoute, ChatService, dict[str, Any]] | None:
-        """The chat route, service and parsed body of a chat completion for a served model; None for
-        LiteLLM's requests: a body that is not valid JSON, or asks for another model (or none)."""
-        if self.chat is None or path not in CHAT_PATHS or scope["method"] != "POST":
+    def _served(self, scope: Scope, path: str, body: bytes) -> tuple[ChatService, dict[str, Any]] | None:
+        """The service and parsed body of a chat completion, Responses or Messages request for a served
+        model; None for other requests: a body that is not valid JSON, or asks for another model (or none)."""
+        if self.chat is None or scope["method"] != "POST" or not (path in CHAT_PATHS or path in BRIDGED_PATHS):
             return None
         try:
             parsed = json.loads(body)
@@ -195,7 +205,7 @@ class Gateway:
         if not isinstance(parsed, dict):
             return None
         service = self.chat.service_for(parsed)
-        return None if service is None else (self.chat, service, parsed)
+        return None if service is None else (service, parsed)
 
     def _too_large(self, size: int | None) -> ApiError:
         told = f"is {size} bytes" if size is not None else "is longer than that"

@@ -33,7 +33,14 @@ from litellm.types.utils import (
 from agl_bridge.chat import PromptEncoding, ToolCall
 from agl_bridge.proxy.errors import to_litellm_error
 from agl_bridge.proxy.openai_wire import logprobs_content, response_id, token_texts, tool_call_deltas
-from agl_bridge.proxy.request import ChatRequest, ChatResult, RequestError, RolloutRoute, route_of
+from agl_bridge.proxy.request import (
+    BRIDGED_STREAM,
+    ChatRequest,
+    ChatResult,
+    RequestError,
+    RolloutRoute,
+    route_of,
+)
 from agl_bridge.proxy.service import ChatService
 from agl_bridge.proxy.streaming import StreamDelta
 from agl_bridge.sampler.remote_errors import RemoteSamplerError
@@ -133,12 +140,17 @@ class AglProvider(CustomLLM):
     ) -> AsyncIterator[ModelResponseStream]:
         """Serve a streaming chat completion, token by token."""
         service = self.service(model)
+        start = BRIDGED_STREAM.get()
         try:
             request = _request(service, messages, optional_params, litellm_params)
             chunks = _stream_chunks(service, request, route_of(litellm_params), model)
             async for chunk in chunks:
+                if start is not None:
+                    start.sampled = True
                 yield chunk
         except _SERVING_ERRORS as error:
+            if start is not None and not start.sampled:
+                start.failure = error
             raise to_litellm_error(error, model) from None
 
 

@@ -8,6 +8,7 @@ those modules imports another just for a type. Nothing here knows LiteLLM or HTT
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,24 @@ class RequestError(ValueError):
         self.param = param
         self.code = code
         self.status = status
+
+
+@dataclass
+class StreamStart:
+    """How a stream LiteLLM bridges (Responses, Anthropic) began: sampled its first chunk, or failed before.
+
+    LiteLLM's bridges answer 200 and their protocol's opening events before the provider runs, so
+    a refusal known before sampling (a prompt over the context) would reach the client as an error
+    event in a 200 stream; the gateway holds the response until this says how the provider began
+    (`errors.holding_stream_start`) and answers a failure as a plain error with its status.
+    """
+
+    sampled: bool = False
+    failure: BaseException | None = None
+
+
+BRIDGED_STREAM: ContextVar[StreamStart | None] = ContextVar("agl_bridged_stream", default=None)
+"""The `StreamStart` of the bridged stream being served in this context (None outside one)."""
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from agl_bridge.proxy.litellm_patches import patch_litellm
 from agl_bridge.proxy.provider import PROVIDER_NAME, AglProvider
 from agl_bridge.proxy.recording import CallRecorder
 from agl_bridge.proxy.request import RequestError
-from agl_bridge.proxy.service import ChatService
+from agl_bridge.proxy.service import PASSED_FIELDS, ChatService
 from agl_bridge.sampler.base import TokenSampler
 from agl_bridge.store.sqlite import SQLiteStore
 
@@ -140,7 +140,14 @@ def litellm_config(served: list[str], api_key: str, user_config: Path | None = N
     general = {**(user.get("general_settings") or {}), "master_key": api_key}
     general.setdefault("trusted_proxy_ranges", [])
     return {
-        "model_list": [{"model_name": name, "litellm_params": {"model": f"{PROVIDER_NAME}/{name}"}} for name in served]
+        "model_list": [
+            {
+                "model_name": name,
+                # LiteLLM refuses fields it thinks an OpenAI-like provider cannot take; the service decides.
+                "litellm_params": {"model": f"{PROVIDER_NAME}/{name}", "allowed_openai_params": list(PASSED_FIELDS)},
+            }
+            for name in served
+        ]
         + user_models,
         "litellm_settings": {"drop_params": False, "expose_router_debug_in_errors": False, **litellm_settings},
         "router_settings": {"num_retries": 0, "disable_cooldowns": True, **(user.get("router_settings") or {})},
