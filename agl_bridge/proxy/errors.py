@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Message, Send
 
-from agl_bridge.proxy.request import RequestError, StreamStart
+from agl_bridge.proxy.request import BridgedCall, RequestError
 from agl_bridge.sampler.remote_errors import RemoteSamplerError
 from agl_bridge.store.errors import StoreError
 
@@ -76,7 +76,9 @@ class WireProtocol(enum.Enum):
 
 def protocol_of(path: str) -> WireProtocol:
     """The protocol whose error shape a request to `path` gets (the path without the rollout prefix)."""
-    if path.endswith("/messages") or "/messages/" in path:  # /v1/messages, /v1/messages/count_tokens
+    while path.startswith("/v1/"):  # /v1/messages; /v1/v1/messages, a client adding /v1 to a base URL with one
+        path = path[3:]
+    if path == "/messages" or path.startswith("/messages/"):  # /messages/count_tokens, /messages/batches
         return WireProtocol.ANTHROPIC
     return WireProtocol.OPENAI
 
@@ -272,8 +274,8 @@ def with_word_codes(send: Send) -> Send:
     return fixing_send
 
 
-def holding_stream_start(send: Send, start: StreamStart, protocol: WireProtocol) -> Send:
-    """`send` for a stream LiteLLM bridges: what the app sends is held until `start` says the provider
+def holding_stream_start(send: Send, call: BridgedCall, protocol: WireProtocol) -> Send:
+    """`send` for a stream LiteLLM bridges: what the app sends is held until `call` says the provider
     sampled its first chunk (then it all goes out) or failed before (then the client gets the failure
     as a plain error with its status, in `protocol`'s shape, and the rest of the stream is dropped).
 
@@ -288,9 +290,9 @@ def holding_stream_start(send: Send, start: StreamStart, protocol: WireProtocol)
         if not state["holding"]:
             await send(message)
             return
-        if start.failure is not None:
+        if call.failure is not None:
             state["refused"] = True
-            await send_error(send, api_error(start.failure), protocol)
+            await send_error(send, api_error(call.failure), protocol)
             return
         if message["type"] == "http.response.start" and (
             message["status"] != 200
@@ -299,7 +301,7 @@ def holding_stream_start(send: Send, start: StreamStart, protocol: WireProtocol)
             state["holding"] = False
         held.append(message)
         ending = message["type"] == "http.response.body" and not message.get("more_body", False)
-        if start.sampled or ending or not state["holding"]:
+        if call.sampled or ending or not state["holding"]:
             state["holding"] = False
             for pending in held:
                 await send(pending)

@@ -36,21 +36,37 @@ class RequestError(ValueError):
 
 
 @dataclass
-class StreamStart:
-    """How a stream LiteLLM bridges (Responses, Anthropic) began: sampled its first chunk, or failed before.
+class BridgedCall:
+    """What the provider tells the front door about a served call LiteLLM bridges (Responses, Anthropic).
 
     LiteLLM's bridges answer 200 and their protocol's opening events before the provider runs, so
     a refusal known before sampling (a prompt over the context) would reach the client as an error
-    event in a 200 stream; the gateway holds the response until this says how the provider began
-    (`errors.holding_stream_start`) and answers a failure as a plain error with its status.
+    event in a 200 stream; the gateway holds a stream until `sampled` or `failure` says how the
+    provider began (`errors.holding_stream_start`) and answers a failure as a plain error with its
+    status. LiteLLM's Anthropic bridge also leaves out what `prompt_tokens` and `stop_sequence`
+    hold (`anthropic_wire`).
     """
 
     sampled: bool = False
     failure: BaseException | None = None
+    prompt_tokens: int | None = None
+    stop_sequence: str | None = None
 
 
-BRIDGED_STREAM: ContextVar[StreamStart | None] = ContextVar("agl_bridged_stream", default=None)
-"""The `StreamStart` of the bridged stream being served in this context (None outside one)."""
+BRIDGED_CALL: ContextVar[BridgedCall | None] = ContextVar("agl_bridged_call", default=None)
+"""The `BridgedCall` of the bridged request being served in this context (None outside one)."""
+
+
+@dataclass
+class RequestTokens:
+    """The tokens of the calls one request recorded (prompt once per call, every choice's sampled ids)."""
+
+    prompt: int = 0
+    completion: int = 0
+
+
+REQUEST_TOKENS: ContextVar[RequestTokens | None] = ContextVar("agl_request_tokens", default=None)
+"""Where the recorder counts the tokens of the request being served (set by the gateway when it logs requests)."""
 
 
 @dataclass(frozen=True)

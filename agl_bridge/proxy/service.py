@@ -161,9 +161,9 @@ class ChatService:
 
     # ------------------------------------------------------------------ serving
 
-    async def complete(self, request: ChatRequest, route: RolloutRoute) -> ChatResult:
-        """Sample all choices, record them durably, and return the result."""
-        started = time.time()
+    async def complete(self, request: ChatRequest, route: RolloutRoute, *, started: float | None = None) -> ChatResult:
+        """Sample all choices, record them durably, and return the result (`started`: the recorded start time)."""
+        started = time.time() if started is None else started
         prompt = await self._encode(request, route)
         try:
             sampled = await self.sampler.sample_async(prompt.token_ids, request.params, request.n)
@@ -172,7 +172,7 @@ class ChatService:
         return await self._finish(request, route, prompt, sampled, started)
 
     async def stream(
-        self, request: ChatRequest, route: RolloutRoute
+        self, request: ChatRequest, route: RolloutRoute, *, started: float | None = None
     ) -> AsyncIterator[PromptEncoding | StreamDelta | ChatResult]:
         """Yield the prompt encoding, text deltas per choice as tokens are sampled, then the
         recorded ChatResult (whose `final_pieces` hold what each choice has left to send).
@@ -180,7 +180,7 @@ class ChatService:
         Text that could still turn into a stop string or a `<tool_call>` block is held back until
         it is certain, so the deltas joined are exactly the final message content.
         """
-        started = time.time()
+        started = time.time() if started is None else started
         prompt = await self._encode(request, route)
         yield prompt
         streamers = [
@@ -243,7 +243,11 @@ class ChatService:
             )
             if not request.parse_tool_calls and message.tool_calls:
                 message = AssistantMessage(
-                    message.text, [], "stop" if sequence.stop_reason == "stop" else "length", message.text
+                    message.text,
+                    [],
+                    "stop" if sequence.stop_reason == "stop" else "length",
+                    message.text,
+                    stop_string=message.stop_string,
                 )
             choices.append(ChoiceResult(index, message, sequence))
         if request.top_logprobs:

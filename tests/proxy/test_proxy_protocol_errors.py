@@ -79,6 +79,7 @@ def test_error_shapes_by_protocol() -> None:
     assert protocol_of("/v1/messages/count_tokens") is WireProtocol.ANTHROPIC
     assert protocol_of("/v1/chat/completions") is WireProtocol.OPENAI
     assert protocol_of("/v1/responses") is WireProtocol.OPENAI
+    assert protocol_of("/v1/threads/t1/messages") is WireProtocol.OPENAI  # OpenAI's Assistants API
     too_long = api_error(RequestError("prompt has 9 tokens", "messages", code="context_length_exceeded"))
     assert error_body(too_long, WireProtocol.ANTHROPIC) == {
         "type": "error",
