@@ -410,7 +410,7 @@ class ChatCodec:
             rendered = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
             )
-        except (TemplateError, TypeError) as exc:
+        except (TemplateError, TypeError, ValueError) as exc:  # ValueError: transformers, e.g. nothing to render
             raise ChatFormatError(
                 f"the model's chat template could not render these messages: {exc}", "messages"
             ) from exc

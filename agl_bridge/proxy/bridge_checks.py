@@ -29,6 +29,8 @@ _BLOCK_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 
 def check_bridged(path: str, body: Mapping[str, Any]) -> None:
     """Refuse a `/v1/messages` or `/v1/responses` body LiteLLM's bridge cannot take, naming the field."""
+    if "metadata" in body and not isinstance(body["metadata"], dict):  # LiteLLM updates it in place
+        raise RequestError("metadata must be an object (or left out)", "metadata")
     if path.endswith("/messages"):
         check_anthropic(body)
     else:

@@ -56,7 +56,7 @@ from agl_bridge.proxy.errors import (
     send_error,
     with_word_codes,
 )
-from agl_bridge.proxy.request import BRIDGED_CALL, BridgedCall, route_of_headers
+from agl_bridge.proxy.request import BRIDGED_CALL, BridgedCall, RequestError, route_of_headers
 from agl_bridge.proxy.responses import PRIOR_TURNS, resolve_previous_response
 from agl_bridge.sampler.affinity import sampling_affinity
 
@@ -191,6 +191,11 @@ class Gateway:
                 await send_error(send, error, protocol)
                 return
         scope.setdefault("state", {})[_ADMITTED] = True
+        if scope["method"] == "POST" and path in BRIDGED_PATHS:
+            problem = _malformed_bridged(path, body)  # LiteLLM's bridges answer a malformed body with a 500
+            if problem is not None:
+                await send_error(send, problem, protocol)
+                return
         served = self._served(scope, path, body)
         with sampling_affinity(rollout):
             if served is not None and path in CHAT_PATHS:
@@ -220,8 +225,6 @@ class Gateway:
         path = scope["path"]
         with ExitStack() as context:
             try:
-                if path in BRIDGED_PATHS:
-                    check_bridged(path, body)  # LiteLLM's bridges answer a malformed body with a 500
                 prior = None
                 if path in RESPONSES_PATHS and body.get("previous_response_id") is not None:
                     prior = await resolve_previous_response(service.recorder.store, service.codec, body)
@@ -273,6 +276,21 @@ class Gateway:
             if hmac.compare_digest(candidate, self._key):
                 return True
         return False
+
+
+def _malformed_bridged(path: str, body: bytes) -> ApiError | None:
+    """The refusal of a Responses / Anthropic body LiteLLM's bridge cannot take (whatever its model), or None."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None  # LiteLLM answers a body that is not JSON in shape
+    try:
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("model"), str):
+            raise RequestError("model: the name of a served model is required", "model")
+        check_bridged(path, parsed)
+    except RequestError as error:
+        return api_error(error)
+    return None
 
 
 @contextmanager

@@ -196,3 +196,41 @@ def test_reasoning_fields_turn_the_templates_thinking_switch(
 class _NoSampler:
     vocab_size = None
     max_context = 4096
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/messages", {"model": MODEL, "messages": None, "max_tokens": 1}, "messages"),
+        (
+            "/v1/messages",
+            {"model": MODEL, "messages": [{"role": "user", "content": 3}], "max_tokens": 1},
+            "messages.0.content",
+        ),
+        ("/v1/messages", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
+        ("/v1/messages", {"model": 0, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}, "model"),
+        (
+            "/v1/messages",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t"}]}],
+                "max_tokens": 1,
+            },
+            "messages.0.content.0.name",
+        ),
+        ("/v1/messages", {"model": "judge", "messages": [], "max_tokens": 1, "metadata": None}, "metadata"),
+        ("/v1/responses", {"model": MODEL, "input": None}, "input"),
+        ("/v1/responses", {"model": MODEL, "input": [{"type": "function_call", "name": "f"}]}, "input.0.call_id"),
+        ("/v1/responses", {"model": MODEL, "input": "hi", "metadata": None}, "metadata"),
+        ("/v1/responses", {"model": MODEL, "input": "hi", "tools": [{"type": "function"}]}, "tools.0.name"),
+    ],
+)
+def test_malformed_bridged_bodies_are_refused_by_name_before_litellm(
+    proxy_server: Any, path: str, body: dict[str, Any], param: str
+) -> None:
+    refused = httpx.post(f"{proxy_server.base_url}{path}", json=body, headers=auth(proxy_server), timeout=30)
+    assert refused.status_code == 400, refused.text[:300]
+    if path == "/v1/messages":
+        assert refused.json()["type"] == "error" and param in refused.json()["error"]["message"]
+    else:
+        assert refused.json()["error"]["param"] == param
