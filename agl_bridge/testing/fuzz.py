@@ -159,7 +159,10 @@ _anthropic_block = st.one_of(
     ),
     json_values,
 )
+_anthropic_user_text = st.fixed_dictionaries({"role": st.just("user"), "content": st.text(max_size=20)})
 _anthropic_message = st.one_of(
+    _anthropic_user_text,
+    _anthropic_user_text,
     st.fixed_dictionaries(
         {
             "role": st.sampled_from(["user", "user", "assistant", "system", "x"]),
