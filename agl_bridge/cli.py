@@ -262,6 +262,12 @@ def serve_command(
         help="Torch intra-op threads of the hf sampler (default: one per core but one, which is left to the HTTP "
         "server).",
     ),
+    log_requests: bool = typer.Option(
+        True,
+        "--log-requests/--no-log-requests",
+        help="One line per request on stderr: method, path, rollout, status, tokens, latency (never the key or "
+        "message content).",
+    ),
     *,
     spec: SamplerSpec,
 ) -> None:
@@ -322,6 +328,11 @@ def serve_command(
     except ProxyStartError as exc:
         sampler.close()
         _fail(str(exc))
+
+    if log_requests:
+        from agl_bridge.proxy.access_log import log_requests as write_access_log
+
+        write_access_log()
 
     def announce(ready: ProxyServer) -> None:
         typer.echo(f"agl-bridge is serving {name!r} ({path}) at {ready.openai_base_url()}", err=True)

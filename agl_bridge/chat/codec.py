@@ -118,6 +118,8 @@ class AssistantMessage:
     finish_reason: FinishReason
     text: str
     tool_call_errors: list[ToolCallError] = field(default_factory=list)
+    stop_string: str | None = None
+    """The request's stop string the text was cut at (None: it ended otherwise)."""
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI `choices[].message` object (`tool_calls` only when there are some)."""
@@ -408,7 +410,7 @@ class ChatCodec:
             rendered = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
             )
-        except (TemplateError, TypeError) as exc:
+        except (TemplateError, TypeError, ValueError) as exc:  # ValueError: transformers, e.g. nothing to render
             raise ChatFormatError(
                 f"the model's chat template could not render these messages: {exc}", "messages"
             ) from exc
@@ -463,8 +465,10 @@ class ChatCodec:
             raise ValueError(f"stop_reason must be 'stop' or 'length', got {stop_reason!r}")
         ids = [int(t) for t in token_ids]
         text = self._strip_end_marker(ids, decode_exact(self.tokenizer, ids))
-        cut = min((i for i in (text.find(s) for s in stop_strings) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in stop_strings if (i := text.find(s)) >= 0]
+        stop_string = None
+        if found:
+            cut, stop_string = min(found, key=lambda hit: (hit[0], -len(hit[1])))
             text, stop_reason = text[:cut], "stop"
         parsed = parse_tool_calls(text)
         if stop_reason == "length":
@@ -477,6 +481,7 @@ class ChatCodec:
             finish_reason=finish_reason,
             text=text,
             tool_call_errors=parsed.errors,
+            stop_string=stop_string,
         )
 
     def incremental_decoder(self, *, skip_special_tokens: bool = False) -> IncrementalDecoder:

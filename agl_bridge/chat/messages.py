@@ -49,7 +49,8 @@ def normalize_messages(messages: object) -> list[dict[str, Any]]:
 
 
 def normalize_tools(tools: object) -> list[dict[str, Any]] | None:
-    """Check OpenAI `tools` (function tools only) and return copies; None or [] gives None.
+    """Check OpenAI `tools` (function tools only) and return canonical copies (`_canonical_tool`): the same
+    tools render the same prompt whichever protocol carried them; None or [] gives None.
 
     Raises ChatFormatError naming the first bad field.
     """
@@ -86,8 +87,25 @@ def normalize_tools(tools: object) -> list[dict[str, Any]] | None:
                 f"{param}.function.parameters must be a JSON Schema object, got {type(parameters).__name__}",
                 f"{param}.function.parameters",
             )
-        normalized.append(_plain(tool))
+        normalized.append(_canonical_tool(_plain(tool)))
     return normalized or None
+
+
+_FUNCTION_KEYS = ("name", "description", "parameters")
+
+
+def _canonical_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """One tool as the chat template sees it whichever protocol carried it: `name`, `description`,
+    `parameters` first (LiteLLM's Anthropic bridge puts `parameters` before `description`), and no
+    `strict: false` (its Responses bridge adds one; false is the default and asks for nothing)."""
+    function = tool["function"]
+    ordered = {key: function[key] for key in _FUNCTION_KEYS if key in function}
+    ordered |= {
+        key: value
+        for key, value in function.items()
+        if key not in _FUNCTION_KEYS and not (key == "strict" and value is False)
+    }
+    return {"type": "function", "function": ordered, **{k: v for k, v in tool.items() if k not in ("type", "function")}}
 
 
 def _normalize_message(message: object, param: str) -> dict[str, Any]:

@@ -14,7 +14,6 @@ failure after that ends the stream with an `error` event (the `openai` client ra
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -25,8 +24,9 @@ from starlette.types import Receive, Scope, Send
 
 from agl_bridge.proxy.errors import ApiError, api_error, error_body, send_error
 from agl_bridge.proxy.openai_wire import ChunkWriter, completion, token_texts
-from agl_bridge.proxy.request import ChatRequest, RequestError, RolloutRoute
+from agl_bridge.proxy.request import ChatRequest, RolloutRoute
 from agl_bridge.proxy.service import ChatService
+from agl_bridge.proxy.sse import SSE_DONE, SSE_HEADERS, sse_data, stream_options
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,6 @@ CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 """The paths whose requests for a served model are answered here (LiteLLM serves the same two)."""
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
-_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 class ChatRoute:
@@ -62,7 +61,7 @@ class ChatRoute:
         model = str(body["model"])
         try:
             request = service.parse_request(body)
-            stream, include_usage = _stream_options(body)
+            stream, include_usage = stream_options(body)
             if not stream:
                 result = await service.complete(request, route)
                 payload = completion(model, request, result, token_texts(service.codec.tokenizer))
@@ -77,9 +76,7 @@ class ChatRoute:
         except Exception as exc:  # every refusal and failure is answered in OpenAI's shape
             await send_error(send, _logged(api_error(exc), exc, scope))
             return
-        response = StreamingResponse(
-            _events(first, chunks, scope), media_type="text/event-stream", headers=_SSE_HEADERS
-        )
+        response = StreamingResponse(_events(first, chunks, scope), media_type="text/event-stream", headers=SSE_HEADERS)
         await response(scope, receive, send)
 
 
@@ -101,9 +98,9 @@ async def _events(
             yield _event(chunk)
     except Exception as exc:  # the status is sent already: the error goes in the stream
         error = _logged(api_error(exc), exc, scope)
-        yield b"data: " + json.dumps(error_body(error)).encode() + b"\n\n"
+        yield sse_data(error_body(error))
         return
-    yield b"data: [DONE]\n\n"
+    yield SSE_DONE
 
 
 def _event(chunk: ChatCompletionChunk) -> bytes:
@@ -115,23 +112,3 @@ def _logged(error: ApiError, exc: BaseException, scope: Scope) -> ApiError:
     if error.status >= 500:
         logger.error("serving %s failed", scope.get("path"), exc_info=exc)
     return error
-
-
-def _stream_options(body: Mapping[str, Any]) -> tuple[bool, bool]:
-    """(`stream`, `stream_options.include_usage`), validated."""
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise RequestError(f"stream must be true or false, got {stream!r:.100}", "stream")
-    options = body.get("stream_options")
-    if options is None:
-        return bool(stream), False
-    if not isinstance(options, dict):
-        message = f'stream_options must be an object like {{"include_usage": true}}, got {options!r:.100}'
-        raise RequestError(message, "stream_options")
-    include_usage = options.get("include_usage")
-    if include_usage is not None and not isinstance(include_usage, bool):
-        raise RequestError(
-            f"stream_options.include_usage must be true or false, got {include_usage!r:.100}",
-            "stream_options.include_usage",
-        )
-    return bool(stream), bool(include_usage)

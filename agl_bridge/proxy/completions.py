@@ -1,30 +1,45 @@
-"""`POST /v1/completions` with token-id prompts, answered the way vLLM's server answers.
+"""`POST /v1/completions` with text or token-id prompts, answered the way vLLM's server answers.
 
 LiteLLM's own completions route cannot take a token-id prompt, so this route sits in front of it.
 It is the token-level protocol remote samplers speak: `prompt` is a list of ids (or text, or a
 list of either), and with `"return_token_ids": true` each choice carries `prompt_token_ids` and
 `token_ids`. vLLM extensions `top_k`, `stop_token_ids`, `ignore_eos` and `prompt_logprobs` (each
-prompt token's raw logprob, as vLLM answers it) are accepted. Every choice is recorded like a chat
-call, with no messages, unless the request says its caller records it (a `RemoteSampler` in another
-proxy sends `x-agl-recorded-upstream`). `model` may also name a LoRA adapter loaded with
-`/v1/load_lora_adapter`.
+prompt token's raw logprob, as vLLM answers it) are accepted. `stream: true` answers OpenAI's
+completion chunks (with `stream_options.include_usage`, a last chunk with no choices carries the
+usage; then `[DONE]`); a field not in `KNOWN_FIELDS` is refused naming it, as OpenAI does. Every
+choice is recorded like a chat call, with no messages, unless the request says its caller records
+it (a `RemoteSampler` in another proxy sends `x-agl-recorded-upstream`). `model` may also name a
+LoRA adapter loaded with `/v1/load_lora_adapter`.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from agl_bridge import semconv
+from agl_bridge.proxy.errors import api_error, error_body
 from agl_bridge.proxy.request import RequestError, RolloutRoute, route_of_headers
-from agl_bridge.proxy.service import ChatService
-from agl_bridge.sampler.base import ContextLengthError, SamplingParamError, SamplingParams
+from agl_bridge.proxy.service import ChatService, refuse_unhonoured
+from agl_bridge.proxy.sse import SSE_DONE, SSE_HEADERS, sse_data, stream_options
+from agl_bridge.sampler.base import (
+    ContextLengthError,
+    SampleResult,
+    SamplingParamError,
+    SamplingParams,
+    TokenEvent,
+    stream_tokens,
+)
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for this endpoint
 
@@ -37,11 +52,17 @@ def make_completions_router(service_for: Callable[[str], ChatService]) -> APIRou
     """
     router = APIRouter()
 
-    async def completions(request: Request) -> JSONResponse:
+    async def completions(request: Request) -> Response:
         body = await read_json_object(request)
         service = service_for(str(body.get("model", "")))
         record = semconv.HEADER_RECORDED_UPSTREAM not in request.headers
-        return JSONResponse(await _complete(service, body, route_of_headers(request.headers), record=record))
+        route = route_of_headers(request.headers)
+        parsed = _parse(service, body)
+        if not parsed.stream:
+            return JSONResponse(await _complete(service, parsed, route, record=record))
+        chunks = _stream(service, parsed, route, record=record)
+        first = await anext(chunks)  # a failure before the first chunk is a plain error with its status
+        return StreamingResponse(_events(first, chunks), media_type="text/event-stream", headers=SSE_HEADERS)
 
     for path in ("/v1/completions", "/completions"):
         router.add_api_route(path, completions, methods=["POST"], include_in_schema=True)
@@ -59,80 +80,214 @@ async def read_json_object(request: Request) -> dict[str, Any]:
     return body
 
 
-async def _complete(service: ChatService, body: dict[str, Any], route: RolloutRoute, *, record: bool) -> dict[str, Any]:
-    started = time.time()
+KNOWN_FIELDS = frozenset(
+    {
+        # OpenAI's
+        "model", "prompt", "max_tokens", "n", "temperature", "top_p", "stop", "seed", "logprobs", "stream",
+        "stream_options", "user", "best_of", "echo", "suffix", "logit_bias", "presence_penalty", "frequency_penalty",
+        # vLLM's
+        "top_k", "stop_token_ids", "ignore_eos", "prompt_logprobs", "return_token_ids", "min_p", "min_tokens",
+        "repetition_penalty",
+    }
+)  # fmt: skip
+"""The fields a completions request may have; any other is refused naming it (OpenAI refuses them too)."""
+
+_NEUTRAL = {"best_of": 1, "echo": False, "suffix": None}
+"""OpenAI's completions fields we accept only with the value that asks for nothing."""
+
+
+@dataclass
+class _Completion:
+    """A validated completions request."""
+
+    prompts: list[list[int]]
+    params: SamplingParams
+    n: int
+    logprobs: int | None
+    prompt_logprobs: int | None
+    return_ids: bool
+    stream: bool
+    include_usage: bool
+
+
+def _parse(service: ChatService, body: dict[str, Any]) -> _Completion:
+    unknown = sorted(set(body) - KNOWN_FIELDS)
+    if unknown:
+        raise RequestError(
+            f"unknown field {unknown[0]!r} in a completions request; accepted: {', '.join(sorted(KNOWN_FIELDS))}",
+            unknown[0],
+            code="unknown_parameter",
+        )
+    refuse_unhonoured(body)
+    for name, neutral in _NEUTRAL.items():
+        if body.get(name) not in (None, neutral):
+            message = f"{name} is not supported by this server (got {body[name]!r:.100}); remove it"
+            raise RequestError(message, name, code="unsupported_parameter")
     prompts = _prompts(service, body.get("prompt"))
     params = _params(service, body)
     n = body.get("n", 1)
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= service.max_samples_per_request:
         raise RequestError(f"n must be an integer in 1..{service.max_samples_per_request}, got {n!r}", "n")
-    want_logprobs = body.get("logprobs")
-    if want_logprobs is not None and (
-        not isinstance(want_logprobs, int) or isinstance(want_logprobs, bool) or want_logprobs < 0
-    ):
-        raise RequestError(f"logprobs must be a non-negative integer or null, got {want_logprobs!r}", "logprobs")
-    prompt_logprobs = body.get("prompt_logprobs")
-    if prompt_logprobs is not None and (
-        not isinstance(prompt_logprobs, int) or isinstance(prompt_logprobs, bool) or prompt_logprobs < 0
-    ):
-        raise RequestError(
-            f"prompt_logprobs must be a non-negative integer or null, got {prompt_logprobs!r}", "prompt_logprobs"
-        )
-    return_ids = bool(body.get("return_token_ids", False))
+    stream, include_usage = stream_options(body)
+    prompt_logprobs = _optional_count(body, "prompt_logprobs")
+    if stream and prompt_logprobs is not None:
+        raise RequestError("prompt_logprobs cannot be streamed; send stream: false", "prompt_logprobs")
+    return _Completion(
+        prompts,
+        params,
+        n,
+        _optional_count(body, "logprobs"),
+        prompt_logprobs,
+        bool(body.get("return_token_ids", False)),
+        stream,
+        include_usage,
+    )
+
+
+def _optional_count(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise RequestError(f"{name} must be a non-negative integer or null, got {value!r:.100}", name)
+    return value
+
+
+async def _sample(service: ChatService, prompt_ids: list[int], request: _Completion) -> SampleResult:
+    try:
+        return await service.sampler.sample_async(prompt_ids, request.params, request.n)
+    except ContextLengthError as error:
+        raise RequestError(str(error), "prompt", code="context_length_exceeded") from None
+
+
+async def _record(
+    service: ChatService, route: RolloutRoute, prompt_ids: list[int], sampled: SampleResult, started: float
+) -> None:
+    await service.recorder.record_completion(
+        route,
+        model=service.model_name,
+        prompt_token_ids=prompt_ids,
+        sampled=sampled,
+        started=started,
+        tokenizer=service.codec.tokenizer,
+    )
+
+
+async def _complete(service: ChatService, request: _Completion, route: RolloutRoute, *, record: bool) -> dict[str, Any]:
+    started = time.time()
     tokenizer = service.codec.tokenizer
     choices: list[dict[str, Any]] = []
     prompt_total, completion_total = 0, 0
-    for prompt_ids in prompts:
-        try:
-            sampled = await service.sampler.sample_async(prompt_ids, params, n)
-        except ContextLengthError as error:
-            raise RequestError(str(error), "prompt", code="context_length_exceeded") from None
+    for prompt_ids in request.prompts:
+        sampled = await _sample(service, prompt_ids, request)
         if record:
-            await service.recorder.record_completion(
-                route,
-                model=service.model_name,
-                prompt_token_ids=prompt_ids,
-                sampled=sampled,
-                started=started,
-                tokenizer=tokenizer,
-            )
+            await _record(service, route, prompt_ids, sampled, started)
         prompt_total += len(prompt_ids)
-        scored = None if prompt_logprobs is None else await _prompt_logprobs(service, prompt_ids)
+        scored = None if request.prompt_logprobs is None else await _prompt_logprobs(service, prompt_ids)
         for sequence in sampled.sequences:
             completion_total += len(sequence.tokens)
             text = tokenizer.decode(sequence.tokens, skip_special_tokens=True)
-            choice: dict[str, Any] = {
-                "index": len(choices),
-                "text": text,
-                "finish_reason": sequence.stop_reason,
-                "logprobs": None,
-                "stop_reason": None,
-            }
-            if want_logprobs is not None:
-                choice["logprobs"] = {
-                    "tokens": [_token_text(tokenizer, t) for t in sequence.tokens],
-                    "token_logprobs": list(sequence.logprobs),
-                    "top_logprobs": None,
-                    "text_offset": None,
-                }
+            choice = _choice(len(choices), text, sequence.stop_reason)
+            if request.logprobs is not None:
+                choice["logprobs"] = _logprobs(tokenizer, sequence.tokens, sequence.logprobs)
             if scored is not None:
                 choice["prompt_logprobs"] = scored
-            if return_ids:
+            if request.return_ids:
                 choice["prompt_token_ids"] = list(prompt_ids)
                 choice["token_ids"] = list(sequence.tokens)
                 choice["token_policy_versions"] = list(sequence.token_policy_versions)
             choices.append(choice)
     return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(started),
-        "model": service.model_name,
+        **_envelope(f"cmpl-{uuid.uuid4().hex}", started, service.model_name),
         "choices": choices,
-        "usage": {
-            "prompt_tokens": prompt_total,
-            "completion_tokens": completion_total,
-            "total_tokens": prompt_total + completion_total,
-        },
+        "usage": _usage(prompt_total, completion_total),
+    }
+
+
+async def _stream(
+    service: ChatService, request: _Completion, route: RolloutRoute, *, record: bool
+) -> AsyncIterator[dict[str, Any]]:
+    """OpenAI's completion chunks: text as it is sampled (prompt after prompt, each prompt's `n` choices
+    interleaved), each choice's last chunk with its `finish_reason`, then the usage chunk if asked for."""
+    started = time.time()
+    envelope = _envelope(f"cmpl-{uuid.uuid4().hex}", started, service.model_name)
+    tokenizer = service.codec.tokenizer
+    prompt_total, completion_total = 0, 0
+    for number, prompt_ids in enumerate(request.prompts):
+        first_index = number * request.n
+        decoders = [service.codec.incremental_decoder(skip_special_tokens=True) for _ in range(request.n)]
+        pending: list[list[tuple[int, float]]] = [[] for _ in range(request.n)]
+        sampled: SampleResult | None = None
+        try:
+            async for item in stream_tokens(service.sampler, prompt_ids, request.params, request.n):
+                if not isinstance(item, TokenEvent):
+                    sampled = item
+                    continue
+                pending[item.sample_index].append((item.token, item.logprob))
+                text = decoders[item.sample_index].push(item.token)
+                if text:
+                    tokens = pending[item.sample_index]
+                    pending[item.sample_index] = []
+                    yield {
+                        **envelope,
+                        "choices": [
+                            _chunk_choice(tokenizer, request, first_index + item.sample_index, text, tokens, prompt_ids)
+                        ],
+                    }
+        except ContextLengthError as error:
+            raise RequestError(str(error), "prompt", code="context_length_exceeded") from None
+        assert sampled is not None
+        if record:
+            await _record(service, route, prompt_ids, sampled, started)
+        prompt_total += len(prompt_ids)
+        for index, sequence in enumerate(sampled.sequences):
+            completion_total += len(sequence.tokens)
+            last = _chunk_choice(
+                tokenizer, request, first_index + index, decoders[index].finish(), pending[index], prompt_ids
+            )
+            last["finish_reason"] = sequence.stop_reason
+            yield {**envelope, "choices": [last]}
+    if request.include_usage:
+        yield {**envelope, "choices": [], "usage": _usage(prompt_total, completion_total)}
+
+
+def _chunk_choice(
+    tokenizer: Any,
+    request: _Completion,
+    index: int,
+    text: str,
+    tokens: list[tuple[int, float]],
+    prompt_ids: list[int],
+) -> dict[str, Any]:
+    choice = _choice(index, text, None)
+    if request.logprobs is not None:
+        choice["logprobs"] = _logprobs(tokenizer, [t for t, _ in tokens], [lp for _, lp in tokens])
+    if request.return_ids:
+        choice["token_ids"] = [t for t, _ in tokens]
+        choice["prompt_token_ids"] = list(prompt_ids)
+    return choice
+
+
+def _envelope(completion_id: str, created: float, model: str) -> dict[str, Any]:
+    return {"id": completion_id, "object": "text_completion", "created": int(created), "model": model}
+
+
+def _choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None, "stop_reason": None}
+
+
+def _logprobs(tokenizer: Any, tokens: list[int], logprobs: list[float]) -> dict[str, Any]:
+    return {
+        "tokens": [_token_text(tokenizer, t) for t in tokens],
+        "token_logprobs": list(logprobs),
+        "top_logprobs": None,
+        "text_offset": None,
+    }
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
     }
 
 
@@ -177,6 +332,21 @@ def _prompts(service: ChatService, prompt: Any) -> list[list[int]]:
             raise RequestError(f"prompt token ids must be in 0..{vocab - 1}", "prompt")
         out.append(ids)
     return out
+
+
+async def _events(first: dict[str, Any], chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """Server-sent events: each chunk, then `[DONE]`; a failure mid-stream becomes an `error` event."""
+    yield sse_data(first)
+    try:
+        async for chunk in chunks:
+            yield sse_data(chunk)
+    except Exception as exc:  # the status is sent already: the error goes in the stream
+        error = api_error(exc)
+        if error.status >= 500:
+            logger.error("streaming a completion failed", exc_info=exc)
+        yield sse_data(error_body(error))
+        return
+    yield SSE_DONE
 
 
 def _params(service: ChatService, body: dict[str, Any]) -> SamplingParams:

@@ -4,8 +4,12 @@ Whichever layer refuses — the gateway (key, rollout ids, body), the chat servi
 the store or a remote sampler (503), LiteLLM (its `ProxyException`s), Starlette (unknown path,
 wrong method) or FastAPI (validation) — the refusal is first described protocol-neutrally as an
 `ApiError` (`api_error`), then written in the wire shape of a `WireProtocol` (`error_body`).
-Today every route speaks OpenAI's: `{"error": {"message", "type", "param", "code"}}`, with `param`
-naming the offending field and `code` a word ("invalid_value"), never the HTTP status.
+OpenAI's routes answer `{"error": {"message", "type", "param", "code"}}`, with `param` naming the
+offending field and `code` a word ("invalid_value"), never the HTTP status; Anthropic's
+`/v1/messages` answers `{"type": "error", "error": {"type", "message"}}` (the field named in the
+message). A prompt that does not fit the context window is worded so that every agent recognises it
+and compacts its history: code `context_length_exceeded`, a message starting "prompt is too long"
+(what Claude Code looks for) and containing "maximum context length" (what OpenAI's clients look for).
 
 LiteLLM needs our refusals as its own exceptions (`to_proxy_exception` for its pre-call hooks,
 `to_litellm_error` for a provider), and writes some error bodies itself, bypassing the exception
@@ -31,7 +35,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Message, Send
 
 from agl_bridge import semconv
-from agl_bridge.proxy.request import RequestError
+from agl_bridge.proxy.request import BridgedCall, RequestError
 from agl_bridge.sampler.remote_errors import RemoteSamplerError
 from agl_bridge.store.errors import (
     AttemptNotFoundError,
@@ -68,19 +72,23 @@ STATUS_CODES = {
 
 _LOOKUP_PARAMS = {AttemptNotFoundError: semconv.HEADER_ATTEMPT_ID, RolloutNotFoundError: semconv.HEADER_ROLLOUT_ID}
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+_CONTEXT_PREFIX = "prompt is too long for the model's maximum context length: "
+
 
 class WireProtocol(enum.Enum):
     """The API a client speaks, which decides the shape of the errors it gets."""
 
     OPENAI = "openai"
+    ANTHROPIC = "anthropic"
 
 
 def protocol_of(path: str) -> WireProtocol:
-    """The protocol whose error shape a request to `path` gets (the path without the rollout prefix).
-
-    Every route answers OpenAI-shaped errors today, Anthropic's `/v1/messages` included (LiteLLM
-    bridges it onto chat completions); a route that speaks another protocol's errors is mapped here.
-    """
+    """The protocol whose error shape a request to `path` gets (the path without the rollout prefix)."""
+    while path.startswith("/v1/"):  # /v1/messages; /v1/v1/messages, a client adding /v1 to a base URL with one
+        path = path[3:]
+    if path == "/messages" or path.startswith("/messages/"):  # /messages/count_tokens, /messages/batches
+        return WireProtocol.ANTHROPIC
     return WireProtocol.OPENAI
 
 
@@ -99,7 +107,10 @@ class ApiError:
 def api_error(exc: BaseException, *, method: str = "", path: str = "") -> ApiError:
     """What `exc`, raised while serving `method path`, tells the client."""
     if isinstance(exc, RequestError):
-        return ApiError(exc.status, exc.message, _type_for(exc.status), exc.param, exc.code)
+        message = exc.message
+        if exc.code == CONTEXT_LENGTH_EXCEEDED and not message.startswith(_CONTEXT_PREFIX):
+            message = _CONTEXT_PREFIX + message
+        return ApiError(exc.status, message, _type_for(exc.status), exc.param, exc.code)
     if isinstance(exc, (AttemptNotFoundError, RolloutNotFoundError)):  # a lifecycle request naming nothing known
         return ApiError(404, str(exc), param=_LOOKUP_PARAMS[type(exc)], code="not_found")
     if isinstance(exc, StoreConflictError):  # a finished attempt, another task: the request cannot apply
@@ -127,6 +138,8 @@ def api_error(exc: BaseException, *, method: str = "", path: str = "") -> ApiErr
         message = exc.detail if isinstance(exc.detail, str) and exc.detail else "error"
         if status == 404:
             message = f"no route {method} {path}; the API is under /v1 (or /rollout/ROLLOUT_ID/attempt/ATTEMPT_ID/v1)"
+            if path.startswith("/v1/v1/"):
+                message += "; the client adds /v1 itself (Anthropic's SDKs do): drop /v1 from its base URL"
         elif status == 405:
             message = f"{method} is not allowed on {path}"
         return ApiError(status, message, _type_for(status), code=STATUS_CODES.get(status), headers=exc.headers or {})
@@ -144,7 +157,30 @@ def api_error(exc: BaseException, *, method: str = "", path: str = "") -> ApiErr
 
 def error_body(error: ApiError, protocol: WireProtocol = WireProtocol.OPENAI) -> dict[str, Any]:
     """The JSON body of `error` in `protocol`'s shape."""
+    if protocol is WireProtocol.ANTHROPIC:
+        message = error.message
+        if error.param and error.code != CONTEXT_LENGTH_EXCEEDED and error.param not in message:
+            message = f"{error.param}: {message}"
+        return {"type": "error", "error": {"type": anthropic_error_type(error.status), "message": message}}
     return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
+
+
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_type(status: int) -> str:
+    """Anthropic's error `type` for an HTTP status (its API's documented list)."""
+    if status in _ANTHROPIC_TYPES:
+        return _ANTHROPIC_TYPES[status]
+    return "invalid_request_error" if status < 500 else "api_error"
 
 
 def error_response(error: ApiError, protocol: WireProtocol = WireProtocol.OPENAI) -> JSONResponse:
@@ -250,6 +286,42 @@ def with_word_codes(send: Send) -> Send:
         await send(message)
 
     return fixing_send
+
+
+def holding_stream_start(send: Send, call: BridgedCall, protocol: WireProtocol) -> Send:
+    """`send` for a stream LiteLLM bridges: what the app sends is held until `call` says the provider
+    sampled its first chunk (then it all goes out) or failed before (then the client gets the failure
+    as a plain error with its status, in `protocol`'s shape, and the rest of the stream is dropped).
+
+    A response that is not a 200 event stream passes through untouched.
+    """
+    held: list[Message] = []
+    state = {"holding": True, "refused": False}
+
+    async def holding_send(message: Message) -> None:
+        if state["refused"]:
+            return
+        if not state["holding"]:
+            await send(message)
+            return
+        if call.failure is not None:
+            state["refused"] = True
+            await send_error(send, api_error(call.failure), protocol)
+            return
+        if message["type"] == "http.response.start" and (
+            message["status"] != 200
+            or b"event-stream" not in dict(message.get("headers") or []).get(b"content-type", b"")
+        ):
+            state["holding"] = False
+        held.append(message)
+        ending = message["type"] == "http.response.body" and not message.get("more_body", False)
+        if call.sampled or ending or not state["holding"]:
+            state["holding"] = False
+            for pending in held:
+                await send(pending)
+            held.clear()
+
+    return holding_send
 
 
 def _with_word_code(body: bytes, status: int) -> bytes:

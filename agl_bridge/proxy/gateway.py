@@ -19,33 +19,45 @@ In order, for an HTTP request:
    no LiteLLM); our token routes (token-id `/v1/completions`, the LoRA routes) go to a bare app —
    none of LiteLLM's middleware, logging or auth; everything else (other models, LiteLLM's routes and
    protocol bridges, lifespan) goes to LiteLLM's proxy app, whose self-written error bodies get a
-   word `code` on the way out.
-Every refusal is shaped by `agl_bridge.proxy.errors`.
+   word `code` on the way out. A Responses or Anthropic stream for a served model is held until its
+   provider has sampled (`request.BridgedCall`), so a refusal before sampling is a plain 4xx.
+Every refusal is shaped by `agl_bridge.proxy.errors`; with the access log on, every request but the
+probes gets its line (`access_log`).
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import logging
 import re
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agl_bridge import semconv
+from agl_bridge.proxy.access_log import ACCESS_LOGGER, logged
+from agl_bridge.proxy.anthropic_wire import with_anthropic_fields
+from agl_bridge.proxy.bridge_checks import check_bridged
 from agl_bridge.proxy.chat_route import CHAT_PATHS, ChatRoute
 from agl_bridge.proxy.errors import (
     AUTHENTICATION,
     ApiError,
+    WireProtocol,
+    api_error,
+    holding_stream_start,
     install_error_handlers,
     protocol_of,
     send_error,
     with_word_codes,
 )
-from agl_bridge.proxy.request import route_of_headers
+from agl_bridge.proxy.request import BRIDGED_CALL, BridgedCall, RequestError, route_of_headers
+from agl_bridge.proxy.responses import PRIOR_TURNS, resolve_previous_response
 from agl_bridge.sampler.affinity import sampling_affinity
 
 if TYPE_CHECKING:
@@ -53,8 +65,12 @@ if TYPE_CHECKING:
 
     from agl_bridge.proxy.service import ChatService
 
+T = TypeVar("T")
 ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 _ROLLOUT_PATH = re.compile(r"^/rollout/(?P<rollout>[^/]*)/attempt/(?P<attempt>[^/]*)(?P<rest>/.*)?$")
+RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})
+BRIDGED_PATHS = RESPONSES_PATHS | {"/v1/messages", "/messages"}
+"""Routes LiteLLM bridges onto chat completions (Responses, Anthropic Messages)."""
 OPEN_PATHS = frozenset({"/health/liveliness", "/health/liveness", "/health/readiness"})
 """The only paths answered without the key: liveness/readiness probes that say only that the server is up."""
 
@@ -113,13 +129,18 @@ class Gateway:
         self._key = api_key.encode()
         self.own = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, telemetry=NO_NATIVE_TELEMETRY)
         self.own.router.routes.extend(routes)
-        self._own_paths = frozenset(getattr(route, "path", "") for route in self.own.router.routes)
+        own_paths = [str(getattr(route, "path", "")) for route in self.own.router.routes]
+        self._own_paths = frozenset(p for p in own_paths if "{" not in p)
+        self._own_prefixes = tuple(sorted({p[: p.index("{")] for p in own_paths if "{" in p}))
         install_error_handlers(self.own)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self._http(scope, receive, send)
+            if scope["path"] in OPEN_PATHS or not ACCESS_LOGGER.isEnabledFor(logging.INFO):
+                await self._http(scope, receive, send)
+            else:
+                await logged(self._http, scope, receive, send, _logged_route(scope))
         elif kind == "websocket":
             if not self._authorized(scope.get("headers", ())):
                 # LiteLLM serves websocket routes (/v1/realtime) too: the key guards them alike. A close
@@ -170,23 +191,61 @@ class Gateway:
                 await send_error(send, error, protocol)
                 return
         scope.setdefault("state", {})[_ADMITTED] = True
-        chat = self._served_chat(scope, path, body)
+        if scope["method"] == "POST" and path in BRIDGED_PATHS:
+            problem = _malformed_bridged(path, body)  # LiteLLM's bridges answer a malformed body with a 500
+            if problem is not None:
+                await send_error(send, problem, protocol)
+                return
+        served = self._served(scope, path, body)
         with sampling_affinity(rollout):
-            if chat is not None:
-                chat_route, service, parsed = chat
+            if served is not None and path in CHAT_PATHS:
+                assert self.chat is not None
+                service, parsed = served
                 route = route_of_headers({k.decode(): v.decode("latin-1") for k, v in headers if k in _ROUTE_HEADERS})
-                await chat_route(scope, receive, send, service=service, body=parsed, route=route)
-            elif path in self._own_paths:
+                await self.chat(scope, receive, send, service=service, body=parsed, route=route)
+            elif path in self._own_paths or path.startswith(self._own_prefixes):
                 await self.own(scope, receive, send)
             else:
-                await self.app(scope, receive, with_word_codes(send))
+                await self._litellm(scope, receive, with_word_codes(send), served, protocol)
 
-    def _served_chat(
-        self, scope: Scope, path: str, body: bytes
-    ) -> tuple[ChatRoute, ChatService, dict[str, Any]] | None:
-        """The chat route, service and parsed body of a chat completion for a served model; None for
-        LiteLLM's requests: a body that is not valid JSON, or asks for another model (or none)."""
-        if self.chat is None or path not in CHAT_PATHS or scope["method"] != "POST":
+    async def _litellm(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        served: tuple[ChatService, dict[str, Any]] | None,
+        protocol: WireProtocol,
+    ) -> None:
+        """Pass a request to LiteLLM's app. A Responses request for a served model gets the turns its
+        `previous_response_id` continues (or its 404); a bridged stream is held until sampling starts."""
+        if served is None:
+            await self.app(scope, receive, send)
+            return
+        service, body = served
+        path = scope["path"]
+        with ExitStack() as context:
+            try:
+                prior = None
+                if path in RESPONSES_PATHS and body.get("previous_response_id") is not None:
+                    prior = await resolve_previous_response(service.recorder.store, service.codec, body)
+            except Exception as exc:  # a malformed field, an unknown id (404), no store (503): answered in shape
+                await send_error(send, api_error(exc), protocol)
+                return
+            if prior is not None:
+                context.enter_context(_set(PRIOR_TURNS, prior))
+            if path in BRIDGED_PATHS:
+                bridged = BridgedCall()
+                context.enter_context(_set(BRIDGED_CALL, bridged))
+                if protocol is WireProtocol.ANTHROPIC:
+                    send = with_anthropic_fields(send, bridged)
+                if body.get("stream") is True:
+                    send = holding_stream_start(send, bridged, protocol)
+            await self.app(scope, receive, send)
+
+    def _served(self, scope: Scope, path: str, body: bytes) -> tuple[ChatService, dict[str, Any]] | None:
+        """The service and parsed body of a chat completion, Responses or Messages request for a served
+        model; None for other requests: a body that is not valid JSON, or asks for another model (or none)."""
+        if self.chat is None or scope["method"] != "POST" or not (path in CHAT_PATHS or path in BRIDGED_PATHS):
             return None
         try:
             parsed = json.loads(body)
@@ -195,7 +254,7 @@ class Gateway:
         if not isinstance(parsed, dict):
             return None
         service = self.chat.service_for(parsed)
-        return None if service is None else (self.chat, service, parsed)
+        return None if service is None else (service, parsed)
 
     def _too_large(self, size: int | None) -> ApiError:
         told = f"is {size} bytes" if size is not None else "is longer than that"
@@ -217,6 +276,40 @@ class Gateway:
             if hmac.compare_digest(candidate, self._key):
                 return True
         return False
+
+
+def _malformed_bridged(path: str, body: bytes) -> ApiError | None:
+    """The refusal of a Responses / Anthropic body LiteLLM's bridge cannot take (whatever its model), or None."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None  # LiteLLM answers a body that is not JSON in shape
+    try:
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("model"), str):
+            raise RequestError("model: the name of a served model is required", "model")
+        check_bridged(path, parsed)
+    except RequestError as error:
+        return api_error(error)
+    return None
+
+
+@contextmanager
+def _set(variable: ContextVar[T], value: T) -> Iterator[None]:
+    """`variable` set to `value` for the duration of the block."""
+    token = variable.set(value)
+    try:
+        yield
+    finally:
+        variable.reset(token)
+
+
+def _logged_route(scope: Scope) -> tuple[str, str | None, str | None]:
+    """(path, rollout id, attempt id) of a request as the access log shows them."""
+    match = _ROLLOUT_PATH.match(scope["path"])
+    if match:
+        return match["rest"] or "/", match["rollout"], match["attempt"]
+    ids = {k: v.decode("latin-1") for k, v in scope.get("headers", ()) if k in (_ROLLOUT_HEADER, _ATTEMPT_HEADER)}
+    return scope["path"], ids.get(_ROLLOUT_HEADER), ids.get(_ATTEMPT_HEADER)
 
 
 def _rollout_of(headers: list[tuple[bytes, bytes]]) -> tuple[str | None, ApiError | None]:

@@ -12,7 +12,6 @@ every chunk carries the ids of the tokens whose text it holds.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,8 +31,17 @@ from litellm.types.utils import (
 
 from agl_bridge.chat import PromptEncoding, ToolCall
 from agl_bridge.proxy.errors import to_litellm_error
-from agl_bridge.proxy.openai_wire import logprobs_content, response_id, token_texts, tool_call_deltas
-from agl_bridge.proxy.request import ChatRequest, ChatResult, RequestError, RolloutRoute, route_of
+from agl_bridge.proxy.openai_wire import logprobs_content, token_texts, tool_call_deltas
+from agl_bridge.proxy.request import (
+    BRIDGED_CALL,
+    BridgedCall,
+    ChatRequest,
+    ChatResult,
+    RequestError,
+    RolloutRoute,
+    route_of,
+)
+from agl_bridge.proxy.responses import PRIOR_TURNS, call_id, unique_start
 from agl_bridge.proxy.service import ChatService
 from agl_bridge.proxy.streaming import StreamDelta
 from agl_bridge.sampler.remote_errors import RemoteSamplerError
@@ -103,11 +111,14 @@ class AglProvider(CustomLLM):
     ) -> ModelResponse:
         """Serve a non-streaming chat completion."""
         service = self.service(model)
+        route, started = route_of(litellm_params), unique_start()
         try:
             request = _request(service, messages, optional_params, litellm_params)
-            result = await service.complete(request, route_of(litellm_params))
+            result = await service.complete(request, route, started=started)
         except _SERVING_ERRORS as error:
             raise to_litellm_error(error, model) from None
+        model_response.id = call_id(route, started)
+        _tell_bridge(result)
         return _fill_response(model_response, model, service, request, result)
 
     # LiteLLM's base is a coroutine typed to return GenericStreamingChunks; LiteLLM also takes an async
@@ -133,12 +144,18 @@ class AglProvider(CustomLLM):
     ) -> AsyncIterator[ModelResponseStream]:
         """Serve a streaming chat completion, token by token."""
         service = self.service(model)
+        bridged = BRIDGED_CALL.get()
         try:
             request = _request(service, messages, optional_params, litellm_params)
-            chunks = _stream_chunks(service, request, route_of(litellm_params), model)
+            route, started = route_of(litellm_params), unique_start()
+            chunks = _stream_chunks(service, request, route, model, started, bridged)
             async for chunk in chunks:
+                if bridged is not None:
+                    bridged.sampled = True
                 yield chunk
         except _SERVING_ERRORS as error:
+            if bridged is not None and not bridged.sampled:
+                bridged.failure = error
             raise to_litellm_error(error, model) from None
 
 
@@ -149,6 +166,9 @@ def _request(
     parsed = ((litellm_params or {}).get("metadata") or {}).get(_PARSED_KEY)
     if isinstance(parsed, _Parsed) and parsed.model == service.model_name:
         return parsed.request
+    prior = PRIOR_TURNS.get()  # a Responses request continuing a stored response (`previous_response_id`)
+    if prior is not None:
+        messages = prior.before(messages)
     return service.parse_request({**optional_params, "messages": messages})
 
 
@@ -185,7 +205,12 @@ def _fill_response(
 
 
 async def _stream_chunks(
-    service: ChatService, request: ChatRequest, route: RolloutRoute, model: str
+    service: ChatService,
+    request: ChatRequest,
+    route: RolloutRoute,
+    model: str,
+    started: float,
+    bridged: BridgedCall | None = None,
 ) -> AsyncIterator[ModelResponseStream]:
     """SSE chunks. Each choice's newest delta is held back one step so that its last chunk has
     content to carry finish_reason and usage (LiteLLM drops a trailing chunk without content).
@@ -193,8 +218,8 @@ async def _stream_chunks(
     With `top_logprobs`, a choice's content is held back whole and sent in its last chunk: the
     alternatives are scored once sampling has ended, and every token's entry must carry them.
     """
-    stream_id = response_id()
-    created = int(time.time())
+    stream_id = call_id(route, started)
+    created = int(started)
     prompt_ids: list[int] | None = None
     held: dict[int, StreamDelta] = {}
 
@@ -213,9 +238,11 @@ async def _stream_chunks(
             out.system_fingerprint = _SYSTEM_FINGERPRINT
         return out
 
-    async for item in service.stream(request, route):
+    async for item in service.stream(request, route, started=started):
         if isinstance(item, PromptEncoding):
             prompt_ids = list(item.token_ids) if request.return_token_ids else None
+            if bridged is not None:
+                bridged.prompt_tokens = len(item.token_ids)
         elif isinstance(item, StreamDelta):
             previous = held.get(item.index)
             if previous is not None and request.top_logprobs:
@@ -225,6 +252,7 @@ async def _stream_chunks(
             if previous is not None:
                 yield make_chunk(_streaming_choice(service, request, previous))
         else:
+            _tell_bridge(item)
             last = len(item.choices) - 1
             for position, (choice, piece) in enumerate(zip(item.choices, item.final_pieces, strict=True)):
                 before = held.pop(choice.index, None) or StreamDelta(choice.index, "", [], [])
@@ -237,6 +265,14 @@ async def _stream_chunks(
                 )
                 final.finish_reason = choice.message.finish_reason
                 yield make_chunk(final, usage=_usage(item) if position == last else None)
+
+
+def _tell_bridge(result: ChatResult) -> None:
+    """Tell the front door what LiteLLM's bridges leave out of their answer (`BridgedCall`)."""
+    bridged = BRIDGED_CALL.get()
+    if bridged is not None and result.choices:
+        bridged.prompt_tokens = len(result.prompt_token_ids)
+        bridged.stop_sequence = result.choices[0].message.stop_string
 
 
 def _streaming_choice(

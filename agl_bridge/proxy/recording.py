@@ -19,7 +19,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from agl_bridge import semconv
-from agl_bridge.proxy.request import ChatRequest, ChatResult, RolloutRoute
+from agl_bridge.proxy.request import REQUEST_TOKENS, ChatRequest, ChatResult, RolloutRoute
 from agl_bridge.sampler.base import SampledSequence, SampleResult
 from agl_bridge.store.base import Store
 from agl_bridge.types import LLMCall, Usage
@@ -104,7 +104,12 @@ class CallRecorder:
             )
             for index, (sampled, text, finish_reason) in enumerate(choices)
         ]
-        return await self._commit(calls, request)
+        sequences = await self._commit(calls, request)
+        counted = REQUEST_TOKENS.get()
+        if counted is not None:
+            counted.prompt += len(prompt_token_ids)
+            counted.completion += sum(len(sampled.tokens) for sampled, _, _ in choices)
+        return sequences
 
     async def record_text_call(
         self,

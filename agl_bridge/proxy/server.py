@@ -44,8 +44,10 @@ from agl_bridge.proxy.litellm_patches import patch_litellm
 from agl_bridge.proxy.provider import PROVIDER_NAME, AglProvider
 from agl_bridge.proxy.recording import CallRecorder
 from agl_bridge.proxy.request import RequestError
-from agl_bridge.proxy.service import ChatService
+from agl_bridge.proxy.responses import make_responses_router
+from agl_bridge.proxy.service import PASSED_FIELDS, ChatService
 from agl_bridge.sampler.base import TokenSampler
+from agl_bridge.store.base import Store
 from agl_bridge.store.errors import StoreError
 from agl_bridge.store.sqlite import SQLiteStore
 
@@ -145,8 +147,18 @@ def litellm_config(served: list[str], api_key: str, user_config: Path | None = N
         )
     general = {**(user.get("general_settings") or {}), "master_key": api_key}
     general.setdefault("trusted_proxy_ranges", [])
+    # Every admitted request is the admin (the gateway is the one key check), so LiteLLM's encryption of
+    # Responses ids protects nothing; plain ids let `responses.key_of` find the call an id names.
+    general["disable_responses_id_security"] = True
     return {
-        "model_list": [{"model_name": name, "litellm_params": {"model": f"{PROVIDER_NAME}/{name}"}} for name in served]
+        "model_list": [
+            {
+                "model_name": name,
+                # LiteLLM refuses fields it thinks an OpenAI-like provider cannot take; the service decides.
+                "litellm_params": {"model": f"{PROVIDER_NAME}/{name}", "allowed_openai_params": list(PASSED_FIELDS)},
+            }
+            for name in served
+        ]
         + user_models,
         "litellm_settings": {"drop_params": False, "expose_router_debug_in_errors": False, **litellm_settings},
         "router_settings": {"num_retries": 0, "disable_cooldowns": True, **(user.get("router_settings") or {})},
@@ -288,7 +300,7 @@ class ProxyServer:
             front = Gateway(
                 self._litellm_app(provider, recorder, make_traces_router(self.store)),
                 api_key=self.api_key,
-                routes=self._token_routes(provider) + make_lifecycle_router(self._open_store).routes,
+                routes=self._token_routes(provider, self.store) + make_lifecycle_router(self._open_store).routes,
                 chat=ChatRoute({service.model_name: service}.get),
                 max_body_bytes=self.max_request_bytes,
             )
@@ -381,8 +393,9 @@ class ProxyServer:
         app.router.routes[:0] = traces_router.routes
         return app
 
-    def _token_routes(self, provider: AglProvider) -> list[BaseRoute]:
-        """Token-id `/v1/completions` over the served model, and vLLM's LoRA routes where the sampler loads adapters."""
+    def _token_routes(self, provider: AglProvider, store: Store) -> list[BaseRoute]:
+        """Token-id `/v1/completions` over the served model, the stored Responses, and vLLM's LoRA routes where
+        the sampler loads adapters."""
         adapters = AdapterRegistry()
 
         def service_for(model: str) -> ChatService:
@@ -402,6 +415,7 @@ class ProxyServer:
             raise RequestError(f"model {model!r} is not served here; served: {[self.model_name]}", "model")
 
         routes = make_completions_router(service_for).routes
+        routes += make_responses_router(store, self.codec).routes
         if hasattr(self.sampler, "load_lora"):
             routes += make_adapter_router(self.sampler, adapters).routes
         return routes

@@ -39,6 +39,28 @@ from agl_bridge.sampler.base import (
 
 MAX_TOP_LOGPROBS = 20
 _TOOL_CHOICES = ("none", "auto", "required")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "default")
+"""OpenAI's `reasoning_effort` values; any but "none" turns the chat template's thinking switch on."""
+THINKING_SWITCH = "enable_thinking"
+"""The chat-template variable that turns a model's thinking on or off (Qwen3's and others')."""
+PASSED_FIELDS = ("reasoning_effort", "thinking")
+"""Fields LiteLLM's parameter check would refuse for our provider that `parse_request` decides on itself."""
+
+UNHONOURED_FIELDS: dict[str, object] = {
+    "logit_bias": {},
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "repetition_penalty": 1,
+    "min_p": 0,
+    "min_tokens": 0,
+    "prediction": None,
+    "audio": None,
+    "web_search_options": None,
+}
+"""Sampling fields the sampler does not implement, with the value that asks for nothing (null too).
+
+A request that sets one to anything else is refused naming the field: sampling as if it were
+absent would be silently wrong (and the recorded logprobs would not be the distribution asked for)."""
 ENCODE_OFF_LOOP_CHARS = 8192
 """Prompts with more characters of text than this are rendered and tokenized in a worker thread.
 
@@ -68,12 +90,15 @@ class ChatService:
         self.token_caches = token_caches or TokenCacheRegistry(codec.tokenizer)
         self.default_max_tokens = default_max_tokens
         self.max_samples_per_request = max_samples_per_request
+        self.thinking_switch = THINKING_SWITCH in str(getattr(codec.tokenizer, "chat_template", None) or "")
+        """Whether the chat template has a thinking switch that reasoning fields turn on or off."""
 
     # ------------------------------------------------------------------ parsing
 
     def parse_request(self, body: Mapping[str, Any]) -> ChatRequest:
         """Validate an OpenAI chat-completions body; RequestError names the offending field."""
         check_response_format(body)
+        refuse_unhonoured(body)
         if "messages" not in body:
             raise RequestError("'messages' is required: a non-empty list of chat messages", "messages")
         try:
@@ -105,6 +130,9 @@ class ChatService:
         template_kwargs = body.get("chat_template_kwargs")
         if template_kwargs is not None and not isinstance(template_kwargs, dict):
             raise RequestError("chat_template_kwargs must be an object", "chat_template_kwargs")
+        thinking = reasoning_switch(body)
+        if thinking is not None and self.thinking_switch and THINKING_SWITCH not in (template_kwargs or {}):
+            template_kwargs = {**(template_kwargs or {}), THINKING_SWITCH: thinking}
         params = SamplingParams(
             max_tokens=max_tokens,
             temperature=_number_field(body, "temperature", 1.0),
@@ -133,9 +161,9 @@ class ChatService:
 
     # ------------------------------------------------------------------ serving
 
-    async def complete(self, request: ChatRequest, route: RolloutRoute) -> ChatResult:
-        """Sample all choices, record them durably, and return the result."""
-        started = time.time()
+    async def complete(self, request: ChatRequest, route: RolloutRoute, *, started: float | None = None) -> ChatResult:
+        """Sample all choices, record them durably, and return the result (`started`: the recorded start time)."""
+        started = time.time() if started is None else started
         prompt = await self._encode(request, route)
         try:
             sampled = await self.sampler.sample_async(prompt.token_ids, request.params, request.n)
@@ -144,7 +172,7 @@ class ChatService:
         return await self._finish(request, route, prompt, sampled, started)
 
     async def stream(
-        self, request: ChatRequest, route: RolloutRoute
+        self, request: ChatRequest, route: RolloutRoute, *, started: float | None = None
     ) -> AsyncIterator[PromptEncoding | StreamDelta | ChatResult]:
         """Yield the prompt encoding, text deltas per choice as tokens are sampled, then the
         recorded ChatResult (whose `final_pieces` hold what each choice has left to send).
@@ -152,7 +180,7 @@ class ChatService:
         Text that could still turn into a stop string or a `<tool_call>` block is held back until
         it is certain, so the deltas joined are exactly the final message content.
         """
-        started = time.time()
+        started = time.time() if started is None else started
         prompt = await self._encode(request, route)
         yield prompt
         streamers = [
@@ -215,7 +243,11 @@ class ChatService:
             )
             if not request.parse_tool_calls and message.tool_calls:
                 message = AssistantMessage(
-                    message.text, [], "stop" if sequence.stop_reason == "stop" else "length", message.text
+                    message.text,
+                    [],
+                    "stop" if sequence.stop_reason == "stop" else "length",
+                    message.text,
+                    stop_string=message.stop_string,
                 )
             choices.append(ChoiceResult(index, message, sequence))
         if request.top_logprobs:
@@ -249,6 +281,47 @@ def check_response_format(body: Mapping[str, Any]) -> None:
     ):
         message = f'response_format must be an object like {{"type": "json_object"}}, got {response_format!r:.100}'
         raise RequestError(message, "response_format")
+
+
+def refuse_unhonoured(body: Mapping[str, Any]) -> None:
+    """Refuse a request that sets a sampling field the sampler does not implement (`UNHONOURED_FIELDS`)."""
+    for name, neutral in UNHONOURED_FIELDS.items():
+        value = body.get(name)
+        if value is not None and value != neutral:
+            raise RequestError(
+                f"{name} is not supported by this server's sampler (got {value!r:.100}); remove it"
+                + ("" if neutral is None else f" or set it to {neutral!r}"),
+                name,
+                code="unsupported_parameter",
+            )
+
+
+def reasoning_switch(body: Mapping[str, Any]) -> bool | None:
+    """Whether the request asks for reasoning (True), asks for none (False), or does not say (None).
+
+    Read from OpenAI's `reasoning_effort` (LiteLLM's bridges map the Responses API's
+    `reasoning.effort` and Anthropic's `thinking` onto it) or Anthropic's `thinking` itself.
+    """
+    effort = body.get("reasoning_effort")
+    if isinstance(effort, dict):  # a Responses `reasoning` object passed on whole
+        effort = effort.get("effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise RequestError(
+                f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r:.100}",
+                "reasoning_effort",
+            )
+        return effort != "none"
+    thinking = body.get("thinking")
+    if thinking is None:
+        return None
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind not in ("enabled", "disabled", "adaptive"):
+        message = (
+            f'thinking must be an object like {{"type": "enabled"}} or {{"type": "disabled"}}, got {thinking!r:.100}'
+        )
+        raise RequestError(message, "thinking")
+    return kind != "disabled"
 
 
 def _text_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 
 import httpx
@@ -38,6 +39,38 @@ def openai_error_problem(response: httpx.Response) -> str | None:
     if isinstance(code, str) and code.isdigit():
         return f"code is the HTTP status as a string ({code!r}), not an error code"
     return None
+
+
+def anthropic_error_problem(response: httpx.Response) -> str | None:
+    """Why `response` is not a 4xx Anthropic-style error, or None if it is one.
+
+    The shape: `{"type": "error", "error": {"type": str, "message": str}}`.
+    """
+    if not 400 <= response.status_code < 500:
+        return f"status {response.status_code} is not 4xx"
+    try:
+        body = response.json()
+    except ValueError:
+        return f"body is not JSON: {response.text[:200]!r}"
+    if not isinstance(body, dict) or body.get("type") != "error" or not isinstance(body.get("error"), dict):
+        return f"body is not {{'type': 'error', 'error': {{...}}}}: {body!r:.300}"
+    error = body["error"]
+    if not isinstance(error.get("type"), str) or not error["type"]:
+        return f"error type is not a string: {error.get('type')!r}"
+    message = error.get("message")
+    if not isinstance(message, str) or not message or "Traceback" in message:
+        return f"message is not a plain non-empty string: {message!r:.300}"
+    return None
+
+
+def error_problem(path: str, response: httpx.Response) -> str | None:
+    """Why `response` to a request for `path` is not a 4xx error in that route's protocol's shape, or None."""
+    from agl_bridge.proxy.errors import WireProtocol, protocol_of
+
+    route = re.sub(r"^/rollout/[^/]*/attempt/[^/]*", "", path.split("?", 1)[0])
+    if protocol_of(route) is WireProtocol.ANTHROPIC:
+        return anthropic_error_problem(response)
+    return openai_error_problem(response)
 
 
 def integrity(path: str | os.PathLike[str]) -> str:

@@ -3,8 +3,9 @@
 Shared by the CI fuzz test (a few hundred requests, derandomized) and `bench/reliability_fuzz.py`
 (10,000+). Requests mix well-formed and malformed chat and completion bodies, odd field types and
 values (NaN, huge integers, wrong types), odd rollout ids in paths and headers, OTLP bodies, unknown
-paths and methods, and bytes that are not JSON. Every answer must be below 500; every error must be
-in OpenAI's shape (`openai_error_problem`); a stream must be well-formed SSE without an error event.
+paths and methods, bytes that are not JSON, and Anthropic Messages / Responses bodies and stored-response
+ids (`route_requests` draws for one route). Every answer must be below 500; every error must be in its
+route's protocol's shape (`error_problem`); a stream must be well-formed SSE without an error event.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from urllib.parse import quote
 
 import httpx
 
-from agl_bridge.testing.checks import openai_error_problem
+from agl_bridge.testing.checks import error_problem
 
 try:
     from hypothesis import strategies as st
@@ -128,11 +129,130 @@ completion_bodies = st.fixed_dictionaries(
         ),
         "max_tokens": st.one_of(_SMALL_TOKENS, st.sampled_from([0, -1, "2", None, 10**20])),
     },
-    optional={k: _chat_options[k] for k in ("n", "temperature", "top_p", "top_k", "stop", "seed", "return_token_ids")}
+    optional={
+        k: _chat_options[k]
+        for k in ("n", "temperature", "top_p", "top_k", "stop", "seed", "return_token_ids", "stream", "stream_options")
+    }
     | {
+        "echo": json_values,
+        "best_of": json_values,
+        "suffix": json_values,
+        "prompt_logprobs": json_values,
+        "unknown_field": json_values,
         "logprobs": st.one_of(st.integers(-1, 5), st.booleans(), st.none()),
         "stop_token_ids": json_values,
         "ignore_eos": json_values,
+    },
+)
+_anthropic_block = st.one_of(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "image", "tool_use", "tool_result", "thinking", "x"])},
+        optional={
+            "text": st.one_of(st.text(max_size=20), st.integers()),
+            "id": st.text(max_size=8),
+            "name": st.text(max_size=8),
+            "input": json_values,
+            "tool_use_id": st.one_of(st.text(max_size=8), st.integers()),
+            "content": json_values,
+            "thinking": st.text(max_size=10),
+        },
+    ),
+    json_values,
+)
+_anthropic_user_text = st.fixed_dictionaries({"role": st.just("user"), "content": st.text(max_size=20)})
+_anthropic_message = st.one_of(
+    _anthropic_user_text,
+    _anthropic_user_text,
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "user", "assistant", "system", "x"]),
+            "content": st.one_of(st.text(max_size=40), st.lists(_anthropic_block, max_size=3), json_values),
+        }
+    ),
+    json_values,
+)
+anthropic_bodies = st.fixed_dictionaries(
+    {
+        "model": st.one_of(st.just(MODEL), st.just(MODEL), st.just(MODEL), st.text(max_size=8), st.integers()),
+        "messages": st.one_of(st.lists(_anthropic_message, min_size=1, max_size=3), json_values),
+        "max_tokens": st.one_of(_SMALL_TOKENS, _SMALL_TOKENS, st.sampled_from([0, -1, "2", 1.5, None, 10**20])),
+    },
+    optional={
+        "system": st.one_of(st.text(max_size=20), st.lists(_anthropic_block, max_size=2), json_values),
+        "stop_sequences": st.one_of(st.lists(st.text(max_size=4), max_size=3), json_values),
+        "temperature": _chat_options["temperature"],
+        "top_p": _chat_options["top_p"],
+        "top_k": _chat_options["top_k"],
+        "stream": _chat_options["stream"],
+        "thinking": st.one_of(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["enabled", "disabled", "adaptive", "x"])},
+                optional={"budget_tokens": st.one_of(st.integers(-5, 5000), json_values)},
+            ),
+            json_values,
+        ),
+        "tools": st.one_of(
+            st.lists(
+                st.fixed_dictionaries(
+                    {"name": st.one_of(st.from_regex(r"[a-z_]{1,8}", fullmatch=True), st.integers())},
+                    optional={"description": st.text(max_size=8), "input_schema": json_values},
+                ),
+                max_size=2,
+            ),
+            json_values,
+        ),
+        "tool_choice": json_values,
+        "metadata": json_values,
+    },
+)
+_response_item = st.one_of(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system", "developer", "x"]), "content": _content}
+    ),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "x"])},
+        optional={
+            "call_id": st.one_of(st.text(max_size=8), st.integers()),
+            "name": st.text(max_size=8),
+            "arguments": st.one_of(st.text(max_size=10), json_values),
+            "output": json_values,
+            "role": st.sampled_from(["user", "assistant"]),
+            "content": _content,
+        },
+    ),
+    json_values,
+)
+responses_bodies = st.fixed_dictionaries(
+    {
+        "model": st.one_of(st.just(MODEL), st.just(MODEL), st.just(MODEL), st.text(max_size=8), st.integers()),
+        "input": st.one_of(st.text(max_size=40), st.lists(_response_item, min_size=1, max_size=3), json_values),
+    },
+    optional={
+        "instructions": st.one_of(st.text(max_size=20), json_values),
+        "max_output_tokens": st.one_of(_SMALL_TOKENS, _SMALL_TOKENS, st.sampled_from([0, -1, "2", 1.5, None])),
+        "temperature": _chat_options["temperature"],
+        "top_p": _chat_options["top_p"],
+        "stream": _chat_options["stream"],
+        "tools": st.one_of(
+            st.lists(
+                st.fixed_dictionaries(
+                    {"type": st.sampled_from(["function", "web_search", "x"])},
+                    optional={"name": st.text(max_size=8), "parameters": json_values, "strict": json_values},
+                ),
+                max_size=2,
+            ),
+            json_values,
+        ),
+        "tool_choice": json_values,
+        "reasoning": st.one_of(
+            st.fixed_dictionaries({"effort": st.sampled_from(["low", "high", "none", "huge", 3])}), json_values
+        ),
+        "previous_response_id": st.one_of(st.text(max_size=30), st.just("resp_" + "A" * 40), json_values),
+        "text": json_values,
+        "truncation": json_values,
+        "store": json_values,
+        "metadata": json_values,
+        "logit_bias": json_values,
     },
 )
 otlp_bodies = st.one_of(
@@ -212,10 +332,39 @@ def _encode(value: Any) -> bytes:
     return json.dumps(value, allow_nan=True).encode()
 
 
+ROUTES = ("chat", "completions", "messages", "responses", "stored_responses")
+"""The routes `route_requests` generates bodies for."""
+
+
+@st.composite
+def route_requests(draw: st.DrawFn, route: str) -> FuzzRequest:
+    """A generated request for one route (`ROUTES`), with or without a rollout prefix."""
+    headers = {"content-type": "application/json"}
+    prefix = draw(st.sampled_from(["", "", "/rollout/ro-fuzz/attempt/at-1"]))
+    if route == "stored_responses":
+        method, suffix = draw(
+            st.sampled_from([("GET", ""), ("DELETE", ""), ("POST", "/cancel"), ("GET", "/input_items")])
+        )
+        response_id = quote(draw(st.one_of(st.text(max_size=30), st.just("resp_" + "QQ" * 30))), safe="") or "x"
+        return FuzzRequest(method, f"{prefix}/v1/responses/{response_id}{suffix}", headers, b"")
+    strategy = {
+        "chat": chat_bodies,
+        "completions": completion_bodies,
+        "messages": anthropic_bodies,
+        "responses": responses_bodies,
+    }[route]
+    path = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}.get(route, f"/v1/{route}")
+    return FuzzRequest("POST", prefix + path, headers, _encode(draw(strategy)))
+
+
 @st.composite
 def requests(draw: st.DrawFn) -> FuzzRequest:
     """A generated request; about half are chat completions, the rest spread over the other routes."""
-    kind = draw(st.sampled_from(["chat"] * 6 + ["rollout_chat"] * 2 + ["completions"] * 2 + ["traces", "raw", "other"]))
+    kind = draw(
+        st.sampled_from(
+            ["chat"] * 6 + ["rollout_chat"] * 2 + ["completions"] * 2 + ["bridged"] * 2 + ["traces", "raw", "other"]
+        )
+    )
     headers = {
         "content-type": draw(st.sampled_from(["application/json"] * 6 + ["text/plain", "application/x-protobuf", ""]))
     }
@@ -238,6 +387,8 @@ def requests(draw: st.DrawFn) -> FuzzRequest:
             headers,
             _encode(draw(completion_bodies)),
         )
+    if kind == "bridged":
+        return draw(route_requests(draw(st.sampled_from(["messages", "responses", "stored_responses"]))))
     if kind == "traces":
         return FuzzRequest("POST", "/v1/traces", headers, _encode(draw(otlp_bodies)))
     if kind == "raw":
@@ -262,11 +413,11 @@ def requests(draw: st.DrawFn) -> FuzzRequest:
 
 
 def check_answer(request: FuzzRequest, response: httpx.Response) -> str | None:
-    """Why the answer breaks a promise (a 5xx, an error not in OpenAI's shape, a broken stream), or None."""
+    """Why the answer breaks a promise (a 5xx, an error not in its protocol's shape, a broken stream), or None."""
     if response.status_code >= 500:
         return f"{response.status_code}: {response.text[:300]}"
     if response.status_code >= 400:
-        return openai_error_problem(response)
+        return error_problem(request.path, response)
     if "text/event-stream" in response.headers.get("content-type", ""):
         for line in response.text.splitlines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -275,7 +426,9 @@ def check_answer(request: FuzzRequest, response: httpx.Response) -> str | None:
                 event = json.loads(line[6:])
             except ValueError:
                 return f"stream event is not JSON: {line[:200]!r}"
-            if "error" in event:
+            if "error" in event and (event.get("error") or event.get("type") == "error"):
+                return f"error inside a 200 stream: {line[:300]}"
+            if isinstance(event, dict) and event.get("type") in ("error", "response.failed"):
                 return f"error inside a 200 stream: {line[:300]}"
     return None
 

@@ -76,18 +76,13 @@ RECIPES = [
     # mini-swe-agent drops a reply it cannot parse (every reply of the random model) from the conversation
     # and appends its format error instead: the next prompt holds the last one's messages, never its reply.
     Recipe("mini-swe-agent", "mini_swe_agent.py", "mini-swe-agent", "/v1/chat/completions", multi_turn=False),
-    # The same agents configured to meet the protocol edges issue 16 fixes; these flip to passing with the fix.
+    # The same agents configured to meet the protocol edges issue 16 fixed (previous_response_id, reasoning effort).
     Recipe(
         "openai-agents-previous-response-id",
         "openai_agents_sdk.py",
         "openai-agents",
         "/v1/responses",
         ("--api", "responses", "--server-history"),
-        marks=(
-            pytest.mark.xfail(
-                strict=True, reason="issue 16: Responses `previous_response_id` is ignored (turn 2 lacks the history)"
-            ),
-        ),
     ),
     Recipe(
         "openai-agents-reasoning-effort",
@@ -95,7 +90,6 @@ RECIPES = [
         "openai-agents",
         "/v1/responses",
         ("--api", "responses", "--reasoning-effort", "low"),
-        marks=(pytest.mark.xfail(strict=True, reason="issue 16: Responses `reasoning` is refused with a 400"),),
     ),
     Recipe(
         "langgraph-reasoning-effort",
@@ -103,7 +97,6 @@ RECIPES = [
         None,
         "/v1/chat/completions",
         ("--reasoning-effort", "low"),
-        marks=(pytest.mark.xfail(strict=True, reason="issue 16: chat `reasoning_effort` is refused with a 400"),),
     ),
 ]
 

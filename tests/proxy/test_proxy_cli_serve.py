@@ -129,6 +129,22 @@ def test_serve_prints_url_and_key_answers_and_records_into_the_store(
     )
     assert finish.status_code == 409 and "already finished (timed_out)" in finish.json()["error"]["message"]
 
+    # The access log: one line per request on stderr (on by default), never the key or the content.
+    logged = server.wait_for(
+        re.compile(
+            r"POST /v1/chat/completions rollout=cli-ro attempt=cli-at status=200 prompt_tokens=(\d+) "
+            r"completion_tokens=(\d+) latency_ms=[\d.]+$"
+        )
+    )
+    assert reply.usage is not None and (int(logged[1]), int(logged[2])) == (
+        reply.usage.prompt_tokens,
+        reply.usage.completion_tokens,
+    )
+    server.wait_for(re.compile(r"POST /v1/chat/completions rollout=- attempt=- status=401 prompt_tokens=0 "))
+    access = [line for line in server.seen if " status=" in line]
+    assert not any(key in line or "hello from the CLI test" in line for line in access)
+    assert not any("/health/" in line for line in server.seen)
+
     server.process.send_signal(signal.SIGINT)  # Ctrl-C: a clean stop that closes the store
     assert server.process.wait(timeout=60) == 0, "".join(server.seen)
 

@@ -77,7 +77,7 @@ async def test_chat_for_a_served_model_is_answered_at_the_front_door_and_everyth
         judge = await client.post("/v1/chat/completions", json={"model": "judge"}, headers=key)
         no_model = await client.post("/v1/chat/completions", json={"messages": []}, headers=key)
         broken = await client.post("/v1/chat/completions", content=b'{"model": "tiny",', headers=key)
-        bridged = await client.post("/v1/responses", json={"model": "tiny"}, headers=key)
+        bridged = await client.post("/v1/responses", json={"model": "tiny", "input": "hi"}, headers=key)
     assert [r.text for r in (served, bare_path)] == ["direct", "direct"]
     assert chat.seen == [("tiny", "ro-1", "ro-1"), ("tiny", None, None)]
     assert [r.text for r in (judge, no_model, broken, bridged)] == ["litellm"] * 4

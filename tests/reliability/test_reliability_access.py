@@ -23,7 +23,7 @@ import pytest
 
 from agl_bridge.proxy.gateway import OPEN_PATHS, Gateway
 from agl_bridge.proxy.server import ProxyStartError, choose_api_key, is_loopback
-from agl_bridge.testing.checks import openai_error_problem
+from agl_bridge.testing.checks import error_problem
 from agl_bridge.testing.proxy_process import child_env
 
 AGL_BRIDGE = str(Path(sys.executable).with_name("agl-bridge"))
@@ -71,7 +71,7 @@ def test_every_route_needs_the_key(proxy_server: Any) -> None:
                     response = await client.request(method, path, headers=headers, content=b"{}")
                 if response.status_code != 401:
                     problems.append(f"{method} {path} {headers}: {response.status_code}")
-                elif (problem := openai_error_problem(response)) is not None:
+                elif (problem := error_problem(path, response)) is not None:
                     problems.append(f"{method} {path}: {problem}")
 
             guarded = [(method, path) for method, path in routes if path not in OPEN_PATHS]

@@ -21,7 +21,7 @@ from shared_helpers import new_id, query
 from agl_bridge.runner import AgentResultError, rewards_of
 from agl_bridge.runner.command import AgentCommandError, parse_reward_lines
 from agl_bridge.testing.checks import openai_error_problem
-from agl_bridge.testing.fuzz import FuzzRequest, check_answer, requests, send
+from agl_bridge.testing.fuzz import FuzzRequest, check_answer, requests, route_requests, send
 from agl_bridge.tracing import emit_reward
 from agl_bridge.train.config import ConfigError, load_config
 
@@ -58,6 +58,40 @@ def test_generated_requests_get_no_5xx_and_only_openai_errors(proxy_server: Any,
     assert (
         sum(seen.values()) >= CI_REQUESTS and seen.get(200, 0) > 10 and sum(v for k, v in seen.items() if k >= 400) > 50
     )
+    assert client.get("/health/liveliness").status_code == 200
+
+
+PER_ROUTE = 1000
+"""Generated bodies per route of the protocols issue 16 added or changed (the issue's bound: no 5xx in 1,000)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", ["messages", "responses", "completions", "stored_responses"])
+def test_each_protocols_route_takes_generated_bodies_without_a_5xx(
+    proxy_server: Any, client: httpx.Client, route: str
+) -> None:
+    seen: dict[int, int] = {}
+
+    @settings(
+        max_examples=PER_ROUTE,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(request=route_requests(route))
+    def one(request: FuzzRequest) -> None:
+        response = send(client, request, proxy_server.api_key)
+        seen[response.status_code] = seen.get(response.status_code, 0) + 1
+        problem = check_answer(request, response)
+        assert problem is None, f"{request.method} {request.path} {request.body[:300]!r}: {problem}"
+
+    one()
+    print(f"{route} fuzz statuses:", dict(sorted(seen.items())))
+    assert sum(seen.values()) >= PER_ROUTE
+    assert sum(v for k, v in seen.items() if k >= 400) > PER_ROUTE // 10
+    if route != "stored_responses":
+        assert seen.get(200, 0) > 10  # well-formed bodies are served, not only refused
     assert client.get("/health/liveliness").status_code == 200
 
 

@@ -1,0 +1,230 @@
+"""The Responses API's stored responses, answered from the rollout's own records.
+
+LiteLLM bridges `POST /v1/responses` onto chat completions, and its Responses ids wrap the chat
+completion id our provider gives (`call_id`): `chatcmpl-agl-` + the call's rollout, attempt and
+start time, which is how its `LLMCall` is found again in the store (`find_call`) — no state
+besides the store, so ids stay valid across restarts. On that:
+- `previous_response_id` (`resolve_previous_response`, called by the gateway before LiteLLM sees
+  the request): the stored call's prompt messages and its response become the history the new
+  input continues (`PriorTurns`, which the provider puts in front of the bridged messages, so the
+  rollout's token cache keeps the prompt an exact extension of the last one); an id that names no
+  stored call is a 404 naming `previous_response_id`. LiteLLM's own resolution needs its database.
+- `GET /v1/responses/{id}` answers the stored call as a Responses object (LiteLLM's own
+  chat → Responses transformation); `DELETE`, `/cancel` and `/input_items` are refused with 501
+  for a stored response (records are training data; nothing runs in the background), 404 otherwise.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from litellm.responses.utils import ResponsesAPIRequestUtils
+
+from agl_bridge.chat import ChatCodec
+from agl_bridge.proxy.request import RequestError, RolloutRoute
+from agl_bridge.store.base import Store
+from agl_bridge.types import LLMCall
+
+_PREFIX = "chatcmpl-agl-"
+RESPONSE_PATH_PREFIXES = ("/v1/responses/", "/responses/")
+"""Paths under which stored responses are addressed (answered by `make_responses_router`'s routes)."""
+
+
+@dataclass(frozen=True)
+class CallKey:
+    """What finds a served call in the store: its rollout attempt and its exact start time."""
+
+    rollout_id: str | None
+    attempt_id: str | None
+    started: float
+
+
+class _Clock:
+    """Start times unique within the process (a call's key), never behind the wall clock by more than µs."""
+
+    def __init__(self) -> None:
+        self._last = 0.0
+
+    def __call__(self) -> float:
+        now = max(time.time(), self._last + 1e-6)
+        self._last = now
+        return now
+
+
+unique_start: Callable[[], float] = _Clock()
+"""The start time of a call the provider serves: unique within the process, so it names the call."""
+
+
+def call_id(route: RolloutRoute, started: float) -> str:
+    """The chat completion id of a call served for `route` that started at `started`."""
+    payload = json.dumps([route.rollout_id, route.attempt_id, started.hex()], separators=(",", ":"))
+    return _PREFIX + base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
+
+
+def key_of(response_id: str) -> CallKey | None:
+    """The call a Responses id (LiteLLM's, wrapping `call_id`) or a chat completion id names; None if none."""
+    inner = ResponsesAPIRequestUtils.decode_responses_api_response_id(response_id).get("response_id") or ""
+    if not inner.startswith(_PREFIX):
+        return None
+    encoded = inner[len(_PREFIX) :]
+    try:
+        rollout, attempt, started = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+        key = CallKey(rollout, attempt, float.fromhex(started))
+    except (ValueError, TypeError):
+        return None
+    if not all(isinstance(x, str | None) for x in (key.rollout_id, key.attempt_id)):
+        return None
+    return key
+
+
+async def find_call(store: Store, key: CallKey) -> LLMCall | None:
+    """The stored call `key` names (its first choice), or None."""
+    if key.rollout_id is None:
+        calls = store.iter_all_calls()  # calls outside rollouts come first
+    else:
+        calls = store.iter_llm_calls(key.rollout_id, key.attempt_id)
+    async for call in calls:
+        if call.rollout_id != key.rollout_id:
+            break
+        if call.started_at == key.started and call.attempt_id == key.attempt_id and call.choice_index == 0:
+            return call
+    return None
+
+
+def assistant_message(codec: ChatCodec, call: LLMCall) -> dict[str, Any]:
+    """The assistant message the stored call answered, as its client received it."""
+    stop_reason = "length" if call.finish_reason == "length" else "stop"
+    return codec.decode_response(call.response_token_ids, stop_reason).to_openai()
+
+
+@dataclass(frozen=True)
+class PriorTurns:
+    """The conversation a `previous_response_id` names: the stored call's prompt and its response."""
+
+    messages: list[dict[str, Any]]
+    replace_instructions: bool
+    """The new request has its own `instructions` (its first message), which replace the stored ones."""
+
+    def before(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The bridged request's `messages` continuing these turns."""
+        history = list(self.messages)
+        leading = []
+        if self.replace_instructions and messages:
+            leading, messages = [messages[0]], messages[1:]
+            while history and history[0].get("role") in ("system", "developer"):
+                history.pop(0)
+        return [*leading, *_answered(history, messages), *messages]
+
+
+def _answered(history: list[dict[str, Any]], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`history` with its last tool calls carrying the ids the new tool results answer (in order).
+
+    The stored response keeps its tokens, not the ids its client was sent; a client continuing it
+    answers each call by that id.
+    """
+    calls = (history[-1].get("tool_calls") or []) if history else []
+    results = [m.get("tool_call_id") for m in messages if m.get("role") == "tool"]
+    if not calls or not results:
+        return history
+    renamed = [
+        {**call, "id": results[index]} if index < len(results) and isinstance(results[index], str) else call
+        for index, call in enumerate(calls)
+    ]
+    return [*history[:-1], {**history[-1], "tool_calls": renamed}]
+
+
+PRIOR_TURNS: ContextVar[PriorTurns | None] = ContextVar("agl_prior_turns", default=None)
+"""The turns a bridged Responses request continues, set by the gateway while it is served."""
+
+
+async def resolve_previous_response(store: Store, codec: ChatCodec, body: dict[str, Any]) -> PriorTurns | None:
+    """The turns a Responses request's `previous_response_id` continues (None without one); a 404
+    `RequestError` naming the field when it names no stored call."""
+    previous = body.get("previous_response_id")
+    if previous is None:
+        return None
+    if not isinstance(previous, str) or not previous:
+        raise RequestError(f"previous_response_id must be a response id, got {previous!r:.100}", "previous_response_id")
+    key = key_of(previous)
+    call = None if key is None else await find_call(store, key)
+    if call is None:
+        raise RequestError(
+            f"no response {previous[:100]!r} was served and recorded here; send the id of an earlier response "
+            "of this server (or the whole conversation as input)",
+            "previous_response_id",
+            code="not_found",
+            status=404,
+        )
+    instructions = body.get("instructions")
+    return PriorTurns([*call.messages, assistant_message(codec, call)], bool(instructions))
+
+
+def make_responses_router(store: Store, codec: ChatCodec) -> APIRouter:
+    """Routes over stored responses: retrieve, and the refusals of delete / cancel / input items."""
+    router = APIRouter()
+
+    async def stored(response_id: str) -> LLMCall:
+        key = key_of(response_id)
+        call = None if key is None else await find_call(store, key)
+        if call is None:
+            raise RequestError(
+                f"no response {response_id[:100]!r} was served and recorded here",
+                "response_id",
+                code="not_found",
+                status=404,
+            )
+        return call
+
+    async def retrieve(response_id: str) -> JSONResponse:
+        call = await stored(response_id)
+        return JSONResponse(_as_response(codec, response_id, call))
+
+    async def unsupported(request: Request, response_id: str) -> JSONResponse:
+        await stored(response_id)
+        action = "deleted" if request.method == "DELETE" else "cancelled or listed"
+        raise RequestError(
+            f"response {response_id[:100]!r} is a recorded training call and cannot be {action} here; "
+            "responses are never run in the background",
+            "response_id",
+            code="unsupported",
+            status=501,
+        )
+
+    for prefix in ("/v1/responses", "/responses"):
+        router.add_api_route(prefix + "/{response_id}", retrieve, methods=["GET"])
+        router.add_api_route(prefix + "/{response_id}", unsupported, methods=["DELETE"])
+        router.add_api_route(prefix + "/{response_id}/cancel", unsupported, methods=["POST"])
+        router.add_api_route(prefix + "/{response_id}/input_items", unsupported, methods=["GET"])
+    return router
+
+
+def _as_response(codec: ChatCodec, response_id: str, call: LLMCall) -> dict[str, Any]:
+    """The stored call as a Responses object, through LiteLLM's chat → Responses transformation."""
+    from litellm.responses.litellm_completion_transformation.transformation import (
+        LiteLLMCompletionResponsesConfig,
+    )
+    from litellm.types.utils import Choices, Message, ModelResponse, Usage
+
+    message = assistant_message(codec, call)
+    prompt, completion = len(call.prompt_token_ids), len(call.response_token_ids)
+    chat = ModelResponse(
+        id=response_id,
+        created=int(call.started_at or 0),
+        model=call.model,
+        choices=[Choices(index=0, message=Message(**message), finish_reason=call.finish_reason or "stop")],
+        usage=Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion),
+    )
+    response = LiteLLMCompletionResponsesConfig.transform_chat_completion_response_to_responses_api_response(
+        chat_completion_response=chat, request_input="", responses_api_request={}
+    )
+    document = response.model_dump(mode="json", exclude_none=False)
+    document["id"] = response_id
+    return document
