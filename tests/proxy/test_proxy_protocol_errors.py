@@ -15,7 +15,7 @@ from agl_bridge.proxy.request import RequestError
 from agl_bridge.proxy.service import ChatService
 
 LONG = "word " * 200_000  # refused by its length before it is tokenized
-OVER = "hello " * 5_000  # tokenized, then found longer than the tiny model's 4,096-token context
+OVER = "hello " * 70_000  # tokenized, then found longer than the tiny model's 65,536-token context
 
 
 def _body(path: str, text: str, stream: bool) -> dict[str, Any]:
