@@ -40,6 +40,21 @@ class OversizeReport:
     refusals: Counter[tuple[int, str]]
     rss_before_mib: float
     rss_growth_mib: float
+    rounds: int = 1
+
+    @property
+    def paired_p99_ratio(self) -> float:
+        """The median over rounds of (loaded block p99 / the idle block p99 just before it).
+
+        Each pair is measured within seconds, so load from outside that comes and goes moves both
+        alike; a stall the oversized requests cause shows in every pair, a passing spike in one.
+        """
+        size = len(self.idle_ms) // self.rounds
+        blocks = range(0, size * self.rounds, size)
+        return statistics.median(
+            percentile(self.loaded_ms[start : start + size], 99) / percentile(self.idle_ms[start : start + size], 99)
+            for start in blocks
+        )
 
     @property
     def idle_p99_ms(self) -> float:
@@ -60,6 +75,8 @@ class OversizeReport:
             "loaded_p50_ms": round(statistics.median(self.loaded_ms), 2),
             "loaded_p99_ms": round(self.loaded_p99_ms, 2),
             "p99_ratio": round(self.loaded_p99_ms / self.idle_p99_ms, 2),
+            "paired_p99_ratio": round(self.paired_p99_ratio, 2),
+            "rounds": self.rounds,
             "refusals": {f"{status} {code}": count for (status, code), count in sorted(self.refusals.items())},
             "rss_before_mib": round(self.rss_before_mib, 1),
             "rss_peak_growth_mib": round(self.rss_growth_mib, 1),
@@ -72,7 +89,7 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[max(0, -(-len(ordered) * int(p) // 100) - 1)]
 
 
-def measure_oversize(proxy: ProxyProcess, small_requests: int = 240, rounds: int = 4) -> OversizeReport:
+def measure_oversize(proxy: ProxyProcess, small_requests: int = 240, rounds: int = 8) -> OversizeReport:
     """Time `small_requests` small requests idle and as many while oversized ones are sent (from another process).
 
     Idle and loaded blocks alternate over `rounds`, so load from outside (other processes on the machine)
@@ -112,7 +129,7 @@ def measure_oversize(proxy: ProxyProcess, small_requests: int = 240, rounds: int
     while not answers.empty():
         refusals[answers.get(timeout=10)] += 1
     growth = _status_mib(proxy.process.pid, "VmHWM") - rss_before
-    return OversizeReport(idle, loaded, refusals, rss_before, growth)
+    return OversizeReport(idle, loaded, refusals, rss_before, growth, rounds)
 
 
 def _chat_body(text: str) -> bytes:
