@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agl_bridge.store import SQLiteStore
-from agl_bridge.store.sqlite import new_id
+from agl_bridge.store.batched import new_id
 from agl_bridge.types import LLMCall
 
 LIST_LENGTH = 64

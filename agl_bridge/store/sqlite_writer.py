@@ -33,8 +33,8 @@ from agl_bridge.store.errors import (
     StoreWriteError,
 )
 from agl_bridge.store.group_commit import Failure
+from agl_bridge.store.rollout_rules import check_open, register_key
 from agl_bridge.store.schema import SchemaMismatch, ensure_schema
-from agl_bridge.store.sqlite_rollouts import check_open, register_key
 from agl_bridge.store.sqlite_rows import LLM_CALL_COLUMNS, REWARD_COLUMNS, SPAN_COLUMNS
 
 SYNCHRONOUS_MODES = ("NORMAL", "FULL")

@@ -50,7 +50,7 @@ SQL_INTERPOLATIONS: dict[str, set[str]] = {
         "self._synchronous",
     },  # checked against SYNCHRONOUS_MODES in __init__
     "store/schema.py": {"VERSION_TABLE"},
-    "store/sqlite_rollouts.py": {"ROLLOUT_SELECT", "ATTEMPT_SELECT"},
+    "store/rollout_rules.py": {"ROLLOUT_SELECT", "ATTEMPT_SELECT"},
     "store/sqlite.py": {
         "ROLLOUT_SELECT",
         "ATTEMPT_SELECT",
