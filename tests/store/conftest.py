@@ -17,6 +17,9 @@ from agl_bridge.store import PostgresStore, SQLiteStore
 @pytest.fixture(params=["sqlite", "postgresql"])
 async def store(request: pytest.FixtureRequest, store_path: Path) -> AsyncIterator[SQLiteStore | PostgresStore]:
     """An open store on the test's event loop, closed after the test: each backend in turn."""
-    opened = SQLiteStore(store_path) if request.param == "sqlite" else PostgresStore(request.getfixturevalue("postgres_dsn"))
+    if request.param == "sqlite":
+        opened: SQLiteStore | PostgresStore = SQLiteStore(store_path)
+    else:
+        opened = PostgresStore(request.getfixturevalue("postgres_dsn"))
     async with opened:
         yield opened
