@@ -29,6 +29,7 @@ from agl_bridge.models.tiny import InvalidTinySpecError, TinyModelSpec, build_ti
 from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError
 from agl_bridge.store.errors import RolloutNotFoundError, StoreError, StoreSchemaError
 from agl_bridge.store.export import NoStoreError, open_existing_store
+from agl_bridge.store.location import describe_location, is_postgres_location
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -221,8 +222,12 @@ def with_sampler_options(command: Callable[..., None]) -> Callable[..., None]:
 @with_sampler_options
 def serve_command(
     model: str = typer.Option("tiny", help="`tiny`, a local model directory, or a hub id."),
-    store: Path = typer.Option(
-        Path("agl_store.sqlite"), "--store", metavar="PATH", help="SQLite file to record into (created if missing)."
+    store: str = typer.Option(
+        "agl_store.sqlite",
+        "--store",
+        metavar="PATH|URL",
+        help="SQLite file to record into (created if missing), or a PostgreSQL database (postgresql://user@host/db: "
+        "several serve processes may share one; see docs/scaling.md).",
     ),
     host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback needs --api-key."),
     port: int = typer.Option(4000, min=0, max=65535, help="Port to listen on (0 picks a free one)."),
@@ -270,7 +275,8 @@ def serve_command(
         spec.validate()
     except SamplerSpecError as exc:
         _fail(f"{exc.flag}: {exc}")
-    _check_writable_store(store)
+    if not is_postgres_location(store):
+        _check_writable_store(Path(store))
     if rollout_idle_timeout is not None and not (math.isfinite(rollout_idle_timeout) and rollout_idle_timeout > 0):
         _fail(f"--rollout-idle-timeout must be a number of seconds > 0, got {rollout_idle_timeout}")
     try:  # refuse a public bind without a key, a taken port or a bad LiteLLM config before the (slow) model load
@@ -325,7 +331,8 @@ def serve_command(
             + (f" (idle rollouts time out after {rollout_idle_timeout:g} s)" if rollout_idle_timeout else ""),
             err=True,
         )
-        typer.echo(f"  recording into {store.resolve()}; Ctrl-C stops", err=True)
+        where = describe_location(store) if is_postgres_location(store) else Path(store).resolve()
+        typer.echo(f"  recording into {where}; Ctrl-C stops", err=True)
 
     try:
         server.serve_forever(on_ready=announce)

@@ -46,6 +46,8 @@ from agl_bridge.proxy.request import RequestError
 from agl_bridge.proxy.service import ChatService
 from agl_bridge.sampler.base import TokenSampler
 from agl_bridge.store.errors import StoreError
+from agl_bridge.store.location import is_postgres_location, store_at
+from agl_bridge.store.postgres import PostgresStore
 from agl_bridge.store.sqlite import SQLiteStore
 
 logger = logging.getLogger(__name__)
@@ -136,7 +138,7 @@ def litellm_config(served: list[str], api_key: str, user_config: Path | None = N
 
 
 class ProxyServer:
-    """The proxy over one sampler, recording into a SQLite store."""
+    """The proxy over one sampler, recording into a store (a SQLite file or a PostgreSQL database)."""
 
     _claimed = False
     _claim_lock = threading.Lock()
@@ -160,7 +162,8 @@ class ProxyServer:
         self.rollout_idle_timeout_s = rollout_idle_timeout_s
         self.sampler = sampler
         self.codec = ChatCodec(tokenizer)
-        self.store_path = Path(store_path)
+        # A SQLite file path, or a PostgreSQL URL (kept as text: a Path would fold its '//').
+        self.store_path: Path | str = store_path if is_postgres_location(store_path) else Path(store_path)
         self.model_name = model_name
         self.host = host
         self.api_key, self.generated_key = choose_api_key(host, api_key)
@@ -168,7 +171,7 @@ class ProxyServer:
         self.port = self._socket.getsockname()[1]
         self._user_config = None if litellm_config_path is None else Path(litellm_config_path)
         self.default_max_tokens = default_max_tokens
-        self.store: SQLiteStore | None = None
+        self.store: SQLiteStore | PostgresStore | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._uvicorn: Any = None
         self._thread: threading.Thread | None = None
@@ -247,7 +250,7 @@ class ProxyServer:
         from agl_bridge.tracing import StoreSink, make_traces_router, set_reward_sink
 
         self.loop = asyncio.get_running_loop()
-        self.store = SQLiteStore(self.store_path)
+        self.store = store_at(self.store_path)
         await self.store.open()
         previous_sink = set_reward_sink(StoreSink(self.store, self.loop))
         try:
@@ -300,7 +303,7 @@ class ProxyServer:
             if self._config_dir is not None:
                 shutil.rmtree(self._config_dir, ignore_errors=True)
 
-    def _open_store(self) -> SQLiteStore:
+    def _open_store(self) -> SQLiteStore | PostgresStore:
         if self.store is None:
             raise RuntimeError("the proxy's store is not open")
         return self.store

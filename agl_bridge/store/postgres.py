@@ -31,7 +31,7 @@ import contextlib
 import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeGuard
 
 from agl_bridge._version import __version__
 from agl_bridge.store.base import group_rollout_records
@@ -66,7 +66,7 @@ _IDLE_READERS = 4
 _cursor_names = itertools.count()
 
 
-def is_postgres_location(location: object) -> bool:
+def is_postgres_location(location: object) -> TypeGuard[str]:
     """Whether a store location (CLI `--store`, config `store`) names a PostgreSQL database."""
     return isinstance(location, str) and location.startswith(POSTGRES_SCHEMES)
 

@@ -18,6 +18,7 @@ import yaml
 
 from agl_bridge.errors import ConfigError
 from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError
+from agl_bridge.store.location import is_postgres_location
 from agl_bridge.train.client import DEFAULT_MAX_BATCH_TOKENS
 
 LossName = Literal["importance_sampling", "ppo", "cispo"]
@@ -81,6 +82,7 @@ class GRPOConfig:
     offline_data: str | None = None
     model: str = "tiny"
     run_dir: str = "runs/grpo"
+    store: str | None = None
     steps: int = 10
     batch_size: int = 8
     group_size: int = 4
@@ -177,6 +179,10 @@ class GRPOConfig:
             except ProxyStartError as error:
                 raise ConfigError(f"litellm_config: {error}") from None
 
+    def store_location(self, run_dir: Path) -> str | Path:
+        """Where the run records: `store` (a SQLite file or a postgresql:// URL), by default run_dir/store.sqlite."""
+        return self.store or run_dir / "store.sqlite"
+
     def _validate_follow(self) -> None:
         follow = self.follow
         if self.mode not in ("online", "follow"):
@@ -242,8 +248,10 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GR
         value = merged.get(name)
         if isinstance(value, str) and value and not Path(value).is_absolute():
             merged[name] = str(base / value)  # before validation, which may read the file
+    if _relative_file(merged.get("store")):
+        merged["store"] = str(base / merged["store"])
     follow = merged.get("follow")
-    if isinstance(follow, dict) and isinstance(follow.get("store"), str) and not Path(follow["store"]).is_absolute():
+    if isinstance(follow, dict) and _relative_file(follow.get("store")):
         merged["follow"] = {**follow, "store": str(base / follow["store"])}
     return config_from_dict(merged, where=str(path))
 
@@ -310,3 +318,8 @@ def _check_types(values: dict[str, Any], schema: type, where: str) -> None:
 def config_to_dict(config: GRPOConfig) -> dict[str, Any]:
     """The config as plain data (saved next to the run for reproducibility)."""
     return dataclasses.asdict(config)
+
+
+def _relative_file(store: object) -> bool:
+    """Whether a `store` setting is a relative file path (resolved against the config's folder; a URL is not)."""
+    return isinstance(store, str) and bool(store) and not is_postgres_location(store) and not Path(store).is_absolute()

@@ -49,7 +49,8 @@ from agl_bridge.runner import (
 )
 from agl_bridge.runner.recovery import fail_interrupted
 from agl_bridge.runner.runner import AgentFunction
-from agl_bridge.store.sqlite import SQLiteStore
+from agl_bridge.store.base import Store
+from agl_bridge.store.location import store_at
 from agl_bridge.train.advantages import datums_for, group_advantages
 from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig, config_to_dict
@@ -149,7 +150,7 @@ class GRPOTrainer:
         proxy = ProxyServer(
             sampler=sampler,
             tokenizer=tokenizer,
-            store_path=self.run_dir / "store.sqlite",
+            store_path=config.store_location(self.run_dir),
             model_name=name,
             port=0,
             default_max_tokens=config.default_max_tokens,
@@ -173,7 +174,7 @@ class GRPOTrainer:
         settings = grpo_settings(config)
         options = ConvertOptions(missing_reward=config.missing_reward, reward_weights=dict(config.reward_weights))
         summary = RunSummary(self.run_dir, 0, 0.0, None, None)
-        async with SQLiteStore(self.run_dir / "store.sqlite") as store:
+        async with store_at(config.store_location(self.run_dir)) as store:
             runner = self._runner(proxy, store, config.group_size)
             evaluator = self._runner(proxy, store, config.eval_group_size)
             evaluate = functools.partial(evaluate_held_out, evaluator, self.eval_tasks, store, options, log)
@@ -277,7 +278,7 @@ class GRPOTrainer:
         client.save_weights_for_sampler(self.run_dir / "final_adapter")
         return summary
 
-    def _runner(self, proxy: ProxyServer, store: SQLiteStore, group_size: int) -> Runner:
+    def _runner(self, proxy: ProxyServer, store: Store, group_size: int) -> Runner:
         config = self.config
         return Runner(
             self.agent,
@@ -329,7 +330,7 @@ class SampleAhead:
 async def evaluate_held_out(
     evaluator: Runner,
     tasks: Sequence[Any],
-    store: SQLiteStore,
+    store: Store,
     options: ConvertOptions,
     log: RunLog,
     *,
