@@ -109,8 +109,9 @@ def train_follow(config: GRPOConfig, log: RunLog, *, resume: bool, warm_start_pa
             ).start()
             _announce(proxy, run_dir, log)
         else:
-            log.say(f"following the store {describe_location(store_path)}; new weights go to {', '.join(config.sampler_urls)}")
-        loop = FollowLoop(config, client, store_path, log, where=proxy.base_url if proxy else describe_location(store_path))
+            where = describe_location(store_path)
+            log.say(f"following the store {where}; new weights go to {', '.join(config.sampler_urls)}")
+        loop = FollowLoop(config, client, store_path, log, where=proxy.base_url if proxy else where)
         summary = asyncio.run(loop.run(state, version))
         client.save_weights_for_sampler(run_dir / "final_adapter")
     finally:
