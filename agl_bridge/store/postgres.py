@@ -175,16 +175,20 @@ class PostgresStore(BatchedStore):
             raise StoreClosedError(
                 f"store {self.where} is not open; use `async with store:` or `await store.open()` first"
             )
-        if self._reader is None or self._reader.closed or self._reader.broken:
-            self._reader = await self._connect()
-        try:
-            cursor = await self._reader.execute(self._pg(sql), params)
-            return list(await cursor.fetchall())
-        except psycopg.OperationalError as exc:
-            await self._reader.close()
-            raise StoreUnavailableError(self.where, exc) from None
-        except psycopg.Error as exc:
-            raise StoreError(f"could not read store {self.where}: {exc}") from exc
+        for retry in (False, True):
+            fresh = self._reader is None or self._reader.closed or self._reader.broken
+            if fresh:
+                self._reader = await self._connect()
+            try:
+                cursor = await self._reader.execute(self._pg(sql), params)
+                return list(await cursor.fetchall())
+            except psycopg.OperationalError as exc:
+                await self._reader.close()
+                if fresh or retry:  # a read is safe to repeat once on a new connection
+                    raise StoreUnavailableError(self.where, exc) from None
+            except psycopg.Error as exc:
+                raise StoreError(f"could not read store {self.where}: {exc}") from exc
+        raise AssertionError("unreachable")
 
     def _pg(self, sql: str) -> str:
         """`?` placeholders (the shared reads) as psycopg's `%s`."""

@@ -174,6 +174,7 @@ class PostgresWriter:
         self._connect_timeout_s = connect_timeout_s
         self._conn: Any = None
         self._qmark: QmarkConnection | None = None
+        self._commit_sent = False
         self._known: OrderedDict[tuple[str, str], None] = OrderedDict()  # keys whose counter is stored
 
     def connect(self) -> None:
@@ -207,25 +208,31 @@ class PostgresWriter:
         from psycopg import errors as pg_errors
 
         given = [op.sequence if not isinstance(op, FuncOp) else None for op in ops]
+        reconnected = False
         for attempt in range(_RETRIES):
             try:
                 if self._conn is None or self._conn.closed or self._conn.broken:
                     self.close()
                     self.connect()
+                    reconnected = True
                 return self._apply(ops)
             except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure):
-                for op, sequence in zip(ops, given, strict=True):  # allocate afresh on the retry
-                    if not isinstance(op, FuncOp):
-                        op.sequence = sequence
                 if attempt == _RETRIES - 1:
                     raise
             except StoreUnavailableError as exc:
                 return [Failure(exc) for _ in ops]
-            except psycopg.OperationalError as exc:  # the connection dropped: reconnect on the next batch
+            except psycopg.OperationalError as exc:
                 self.close()
-                return [Failure(StoreUnavailableError(self.where, exc)) for _ in ops]
+                # A connection found dead before COMMIT was sent (the server restarted while it sat
+                # idle) committed nothing: reconnect and apply the batch once more. After COMMIT was
+                # sent the outcome is unknown: fail the callers, who retry.
+                if self._commit_sent or reconnected:
+                    return [Failure(StoreUnavailableError(self.where, exc)) for _ in ops]
             except psycopg.Error as exc:
                 return [Failure(StoreWriteError(self.where, exc)) for _ in ops]
+            for op, sequence in zip(ops, given, strict=True):  # allocate afresh on the retry
+                if not isinstance(op, FuncOp):
+                    op.sequence = sequence
         raise AssertionError("unreachable")
 
     def _apply(self, ops: list[WriteOp]) -> list[Any]:
@@ -245,6 +252,7 @@ class PostgresWriter:
                 sequenced.append(index)
             else:
                 funcs.append(index)
+        self._commit_sent = False
         keys = sorted({(ops[i].rollout_key, ops[i].attempt_key) for i in sequenced})  # type: ignore[union-attr]
         state_lock = bool(funcs) or live or any(key[0] and key not in self._known for key in keys)
         with conn.transaction():
@@ -270,6 +278,7 @@ class PostgresWriter:
                 self._insert_records(ops, kept, outcomes)
             if funcs or registered:
                 conn.execute(f"NOTIFY {CHANGE_CHANNEL}")
+            self._commit_sent = True  # leaving the block sends COMMIT
         for key in keys:  # committed: these counters exist from now on
             self._known[key] = None
             self._known.move_to_end(key)
