@@ -79,8 +79,9 @@ _REFUSED_REWARD = "it takes no more rewards: report rewards before finishing the
 
 
 def _bulk_insert_sql(table: str, columns: tuple[str, ...]) -> str:
-    # One statement per table and batch: each column as one array parameter, zipped by unnest.
-    arrays = ", ".join(f"%s::{_COLUMN_TYPES.get(column, 'text')}[]" for column in columns)
+    # One statement per table and batch: each column as one array parameter, zipped by unnest. Sent
+    # in binary (%b): psycopg's text array format escapes every element with a regex, twice the CPU.
+    arrays = ", ".join(f"%b::{_COLUMN_TYPES.get(column, 'text')}[]" for column in columns)
     return (
         f"INSERT INTO {table} ({', '.join(columns)}) SELECT * FROM unnest({arrays}) "
         "ON CONFLICT (span_id) WHERE span_id IS NOT NULL DO NOTHING"
@@ -100,12 +101,12 @@ _BULK_INSERTS = {table: _bulk_insert_sql(table, columns) for table, columns in _
 _ONE_INSERTS = {table: _one_insert_sql(table, columns) for table, columns in _TABLE_COLUMNS.items()}
 _LOCK_COUNTERS = (
     "SELECT s.rollout_key, s.attempt_key, s.next FROM sequences AS s "
-    "JOIN unnest(%s::text[], %s::text[]) AS wanted(r, a) ON s.rollout_key = wanted.r AND s.attempt_key = wanted.a "
+    "JOIN unnest(%b::text[], %b::text[]) AS wanted(r, a) ON s.rollout_key = wanted.r AND s.attempt_key = wanted.a "
     "ORDER BY s.rollout_key, s.attempt_key FOR UPDATE OF s"
 )
 _WRITE_COUNTERS = (
     "INSERT INTO sequences (rollout_key, attempt_key, next, touched_at) "
-    "SELECT r, a, n, %s FROM unnest(%s::text[], %s::text[], %s::int8[]) AS w(r, a, n) ORDER BY r, a "
+    "SELECT r, a, n, %s FROM unnest(%b::text[], %b::text[], %b::int8[]) AS w(r, a, n) ORDER BY r, a "
     "ON CONFLICT (rollout_key, attempt_key) DO UPDATE SET next = excluded.next, touched_at = excluded.touched_at"
 )
 
