@@ -44,6 +44,7 @@ from agl_bridge.proxy.provider import PROVIDER_NAME, AglProvider
 from agl_bridge.proxy.recording import CallRecorder
 from agl_bridge.proxy.request import RequestError
 from agl_bridge.proxy.service import ChatService
+from agl_bridge.proxy.token_history import StoreTokenHistory
 from agl_bridge.sampler.base import TokenSampler
 from agl_bridge.store.errors import StoreError
 from agl_bridge.store.location import is_postgres_location, store_at
@@ -260,6 +261,7 @@ class ProxyServer:
                 codec=self.codec,
                 recorder=recorder,
                 model_name=self.model_name,
+                history=StoreTokenHistory(self.store),
                 default_max_tokens=self.default_max_tokens,
                 max_samples_per_request=getattr(self.sampler, "max_batch_size", 64),
             )
