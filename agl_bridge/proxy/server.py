@@ -83,14 +83,20 @@ def choose_api_key(host: str, api_key: str | None) -> tuple[str, bool]:
     return "sk-agl-" + secrets.token_urlsafe(24), True
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening socket on (host, port), port 0 picking a free one; a clear error if it is taken."""
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A listening socket on (host, port), port 0 picking a free one; a clear error if it is taken.
+
+    reuse_port: several processes listen on the same port (SO_REUSEPORT) and the kernel spreads new
+    connections across them (`agl-bridge serve --workers N`); a process that exits stops getting any.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto must say TCP: asyncio sets TCP_NODELAY only on accepted sockets whose proto is
     # IPPROTO_TCP (and they inherit it from this one). With proto 0, Nagle holds back the response
     # body (a second small write) until the client's delayed ACK: +40 ms on every response.
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as error:
@@ -157,6 +163,7 @@ class ProxyServer:
         litellm_config_path: str | os.PathLike[str] | None = None,
         default_max_tokens: int = 1024,
         rollout_idle_timeout_s: float | None = None,
+        reuse_port: bool = False,
     ) -> None:
         if rollout_idle_timeout_s is not None and not rollout_idle_timeout_s > 0:
             raise ProxyStartError(f"the rollout idle timeout must be > 0 seconds, got {rollout_idle_timeout_s!r}")
@@ -168,7 +175,7 @@ class ProxyServer:
         self.model_name = model_name
         self.host = host
         self.api_key, self.generated_key = choose_api_key(host, api_key)
-        self._socket = bind_socket(host, port)
+        self._socket = bind_socket(host, port, reuse_port=reuse_port)
         self.port = self._socket.getsockname()[1]
         self._user_config = None if litellm_config_path is None else Path(litellm_config_path)
         self.default_max_tokens = default_max_tokens
