@@ -38,7 +38,13 @@ from agl_bridge.store.base import group_rollout_records
 from agl_bridge.store.batched import BatchedStore, RolloutCursor, leading_key
 from agl_bridge.store.errors import RolloutNotFoundError, StoreClosedError, StoreError, StoreUnavailableError
 from agl_bridge.store.group_commit import GroupCommitter
-from agl_bridge.store.postgres_writer import CHANGE_CHANNEL, PostgresWriter, describe_dsn, without_secrets
+from agl_bridge.store.postgres_writer import (
+    CHANGE_CHANNEL,
+    PostgresWriter,
+    describe_dsn,
+    from_pg_call_row,
+    without_secrets,
+)
 from agl_bridge.store.sqlite_rows import (
     ATTEMPT_SELECT,
     LLM_CALL_SELECT,
@@ -269,7 +275,7 @@ class PostgresStore(BatchedStore):
         """Stream calls in (rollout, attempt, sequence, choice_index) order (filters as SQLiteStore's)."""
         fixed = leading_key(rollout_id, attempt_id)
         async for row in self._stream("llm_calls", LLM_CALL_SELECT, _CALL_ORDER, fixed, attributed_only=True):
-            yield decode_llm_call(row)
+            yield decode_llm_call(from_pg_call_row(row))
 
     async def iter_rewards(self, rollout_id: str | None = None, attempt_id: str | None = None) -> AsyncIterator[Reward]:
         """Stream rewards in (rollout, attempt, sequence) order."""
@@ -288,7 +294,7 @@ class PostgresStore(BatchedStore):
     async def iter_all_calls(self) -> AsyncIterator[LLMCall]:
         """Stream every call, those outside any rollout first, for exports."""
         async for row in self._stream("llm_calls", LLM_CALL_SELECT, _CALL_ORDER, (), attributed_only=False):
-            yield decode_llm_call(row)
+            yield decode_llm_call(from_pg_call_row(row))
 
     async def iter_all_rewards(self) -> AsyncIterator[Reward]:
         """Stream every reward, those outside any rollout first."""
@@ -310,7 +316,7 @@ class PostgresStore(BatchedStore):
         rollout; memory holds a page of each plus the current rollout.
         """
         select, decode_call = (
-            (TOKEN_CALL_SELECT, decode_token_call) if tokens_only else (LLM_CALL_SELECT, decode_llm_call)
+            (TOKEN_CALL_SELECT, decode_token_call) if tokens_only else (LLM_CALL_SELECT, _decode_pg_call)
         )
         if rollout_ids is not None:
             if isinstance(rollout_ids, str):
@@ -366,3 +372,8 @@ class PostgresStore(BatchedStore):
         return group_rollout_records(
             rollout, attempts, [decode_call(row) for row in calls], [decode_reward(row) for row in rewards]
         )
+
+
+def _decode_pg_call(row: Sequence[Any]) -> LLMCall:
+    """`decode_llm_call` of a PostgreSQL row (its response text stored as bytes)."""
+    return decode_llm_call(from_pg_call_row(row))

@@ -7,7 +7,10 @@ Differences, and why:
   - every id/key column is `COLLATE "C"`: ordered by code point, as SQLite and Python order
     strings, so the converter's merged streams (ordered by rollout id) line up with Python's `<`;
   - `rollouts.created_order` (an identity column) gives creation order, which SQLite takes from
-    its rowid.
+    its rowid;
+  - `llm_calls.response_text` is BYTEA (UTF-8): PostgreSQL's text type cannot hold NUL, which
+    models do sample; it round-trips exactly. In the other free text (error messages, tracebacks,
+    names) a NUL is stored as U+FFFD (`postgres_writer.pg_text`).
 The schema is created in one transaction under an advisory lock, so several proxies starting on
 an empty database at once create it once.
 """
@@ -87,7 +90,7 @@ CREATE TABLE llm_calls (
     token_policy_versions BYTEA NOT NULL,
     policy_version INTEGER,
     messages TEXT NOT NULL,
-    response_text TEXT,
+    response_text BYTEA,
     finish_reason TEXT,
     agent_name TEXT,
     started_at DOUBLE PRECISION,

@@ -65,6 +65,7 @@ _COLUMN_TYPES = {
     "response_logprobs": "bytea",
     "token_policy_versions": "bytea",
     "policy_version": "int4",
+    "response_text": "bytea",
     "started_at": "float8",
     "ended_at": "float8",
     "input_tokens": "int4",
@@ -111,6 +112,34 @@ _WRITE_COUNTERS = (
 )
 
 
+RESPONSE_TEXT_INDEX = LLM_CALL_COLUMNS.index("response_text")
+
+
+def pg_text(value: Any) -> Any:
+    """A parameter as PostgreSQL text can hold it: NUL (which text cannot store) becomes U+FFFD."""
+    if isinstance(value, str) and "\x00" in value:
+        return value.replace("\x00", "\ufffd")
+    return value
+
+
+def pg_record_row(table: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A record row for PostgreSQL: a call's response text as UTF-8 bytes (exact), NUL-free other text."""
+    values = [pg_text(value) for value in row]
+    if table == "llm_calls" and row[RESPONSE_TEXT_INDEX] is not None:
+        values[RESPONSE_TEXT_INDEX] = row[RESPONSE_TEXT_INDEX].encode("utf-8", "surrogatepass")
+    return tuple(values)
+
+
+def from_pg_call_row(row: Any) -> Any:
+    """A selected llm_calls row with its response text decoded back to str (for the shared decoders)."""
+    text = row[RESPONSE_TEXT_INDEX]
+    if text is None:
+        return row
+    values = list(row)
+    values[RESPONSE_TEXT_INDEX] = bytes(text).decode("utf-8", "surrogatepass")
+    return values
+
+
 class QmarkConnection:
     """A psycopg connection that takes the `?` placeholders of the shared rules (`rollout_rules.SqlConnection`)."""
 
@@ -123,7 +152,7 @@ class QmarkConnection:
         translated = self._translated.get(sql)
         if translated is None:
             translated = self._translated[sql] = sql.replace("?", "%s")
-        return self._conn.execute(translated, parameters)
+        return self._conn.execute(translated, [pg_text(value) for value in parameters])
 
 
 def describe_dsn(dsn: str) -> str:
@@ -348,7 +377,8 @@ class PostgresWriter:
         rows_by_table: dict[str, list[tuple[Any, ...]]] = {}
         for index in records:
             op: RecordOp = ops[index]  # type: ignore[assignment]
-            rows_by_table.setdefault(op.table, []).append((op.rollout_key, op.attempt_key, op.sequence, *op.rest))
+            row = (op.rollout_key, op.attempt_key, op.sequence, *op.rest)
+            rows_by_table.setdefault(op.table, []).append(pg_record_row(op.table, row))
         # Fast path: one statement per table. If any row is a duplicate (a span re-delivered, or a
         # sequence slot already taken) undo them and go row by row to tell each caller.
         try:
@@ -369,7 +399,7 @@ class PostgresWriter:
         import psycopg
 
         conn = self._conn
-        row = (op.rollout_key, op.attempt_key, op.sequence, *op.rest)
+        row = pg_record_row(op.table, (op.rollout_key, op.attempt_key, op.sequence, *op.rest))
         try:
             with conn.transaction():
                 inserted = conn.execute(_ONE_INSERTS[op.table], row).rowcount

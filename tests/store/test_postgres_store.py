@@ -8,6 +8,7 @@ DSN, a schema of another version, and the converter's whole-store walk matching 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -166,3 +167,17 @@ async def test_a_restarted_server_answers_unavailable_then_the_store_recovers() 
         assert stored == [(0, 0), (1, 1), (2, 2), (3, 4)]  # every acknowledged call, and no gap
     finally:
         server.stop()
+
+
+async def test_a_sampled_nul_round_trips_and_other_text_keeps_its_place(postgres_dsn: str) -> None:
+    # PostgreSQL text cannot hold NUL; models sample it (the tiny model does).
+    async with PostgresStore(postgres_dsn) as store:
+        sampled = dataclasses.replace(call("r", "0"), response_text="a\x00b\udcff")
+        await store.add_llm_call(sampled)
+        attempt = await store.get_attempt("0", "r")
+        assert attempt is not None
+        await store.finish_attempt("0", AttemptStatus.FAILED, error="bad\x00byte", rollout_id="r")
+        (stored,) = await collect(store.iter_llm_calls("r", "0"))
+        (walked,) = await collect(store.iter_rollout_records())
+        assert stored.response_text == walked.attempts[0].calls[0].response_text == "a\x00b\udcff"
+        assert (await store.get_attempt("0", "r")).error == "bad\ufffdbyte"  # type: ignore[union-attr]
