@@ -104,6 +104,8 @@ class GRPOConfig:
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_staleness: int = 0
     concurrency: int = 16
+    runner: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
     rollout_timeout_s: float = 300.0
     max_attempts: int = 1
     default_max_tokens: int = 256
@@ -163,6 +165,13 @@ class GRPOConfig:
             raise ConfigError(
                 "clip thresholds are ratios with clip_low_threshold <= 1 <= clip_high_threshold (e.g. 0.8 / 1.28)"
             )
+        if self.runner not in ("local", "ray"):
+            raise ConfigError(
+                f'runner must be "local" (agents in this process) or "ray" (each attempt a Ray task), '
+                f"got {self.runner!r}"
+            )
+        if self.ray_address is not None and self.runner != "ray":
+            raise ConfigError('ray_address is the Ray cluster of runner = "ray"; set runner = "ray" or drop it')
         for name, allowed in (("loss_fn", LossName), ("aggregation", Aggregation)):
             if getattr(self, name) not in get_args(allowed):
                 raise ConfigError(f"{name} must be one of {', '.join(get_args(allowed))}, got {getattr(self, name)!r}")

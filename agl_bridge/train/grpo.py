@@ -280,19 +280,23 @@ class GRPOTrainer:
 
     def _runner(self, proxy: ProxyServer, store: Store, group_size: int) -> Runner:
         config = self.config
-        return Runner(
-            self.agent,
-            server_url=proxy.base_url,
-            api_key=proxy.api_key,
-            model=proxy.model_name,
-            store=store,
-            config=RunnerConfig(
+        settings: dict[str, Any] = {
+            "server_url": proxy.base_url,
+            "api_key": proxy.api_key,
+            "model": proxy.model_name,
+            "store": store,
+            "config": RunnerConfig(
                 group_size=group_size,
                 concurrency=config.concurrency,
                 timeout_s=config.rollout_timeout_s,
                 retry=RetryPolicy(max_attempts=config.max_attempts),
             ),
-        )
+        }
+        if config.runner == "ray":  # each attempt a Ray task; the store stays written from here
+            from agl_bridge.runner.ray_runner import RayRunner
+
+            return RayRunner(self.agent, ray_address=config.ray_address, **settings)
+        return Runner(self.agent, **settings)
 
 
 class SampleAhead:
