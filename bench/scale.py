@@ -6,20 +6,35 @@ conversations of 3 turns, turn t of conversation c served by proxy (c + t) % 2, 
 turn lands on the proxy that did NOT sample the turn before. Sampling at temperature 1 makes
 responses whose text re-tokenizes differently, so without the token cache recovered from the store
 the prompts would not extend. Reported: turn pairs whose prompt extends the previous prompt +
-sampled ids exactly, out of all (target: 100%).
+sampled ids exactly, out of all; those the chat codec flagged itself (`prefix_breaks`, e.g. a
+response that ended with another stop token than the template's: the same on one proxy, see
+--proxies 1); and silent breaks, neither exact nor flagged (target: 0, i.e. 100% of unflagged).
+
+--part throughput (two proxies vs one): `agl-bridge serve --sampler remote --workers N` (N = 1, then
+2; SO_REUSEPORT on one port) on a PostgreSQL store, sampling from an instant remote backend (a
+bare `/v1/completions` route answering fixed token ids at once: `--serve-instant`), driven by 64
+concurrent keep-alive clients (new rollout per request) for `--seconds`. Reported per N: requests/s,
+CPU seconds per request of the serve processes (parent + workers), of the PostgreSQL server, and
+of the backend; and the ratio of 2 to 1 (the issue's target: >= 1.6x). On 2 shared cores the
+clients, the backend and PostgreSQL compete with the proxies: read the CPU figures with the rates.
 
 The PostgreSQL server is a throwaway one (`agl_bridge.testing.postgres`) unless --store URL names
 a database (it must be empty or an agl_bridge store).
 
-    .venv/bin/python bench/scale.py [--part exactness] [--conversations 200] [--turns 3] [--store URL]
+    .venv/bin/python bench/scale.py [--part exactness|throughput] [--conversations 200] [--turns 3]
+                                    [--clients 64] [--seconds 20] [--store URL]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +48,10 @@ import httpx
 from agl_bridge.models.tiny import build_tiny_model
 from agl_bridge.store import PostgresStore
 from agl_bridge.testing.postgres import start_postgres
-from agl_bridge.testing.proxy_process import ProxyProcess, start_proxy
+from agl_bridge.testing.proxy_process import ProxyProcess, child_env, start_proxy
+
+API_KEY = "sk-scale-bench"
+AGL_BRIDGE = str(Path(sys.executable).with_name("agl-bridge"))
 
 CONCURRENT_CONVERSATIONS = 16
 
@@ -73,16 +91,24 @@ async def _exactness(dsn: str, proxies: list[ProxyProcess], conversations: int, 
     async with httpx.AsyncClient(timeout=120) as client:
         rollout_ids = await asyncio.gather(*(one(client, i) for i in range(conversations)))
     elapsed = time.perf_counter() - started
-    exact = pairs = breaks = 0
+    exact = pairs = flagged = silent = 0
+    kinds: collections.Counter[str] = collections.Counter()
     async with PostgresStore(dsn) as store:
         for rollout_id in rollout_ids:
             calls = [call async for call in store.iter_llm_calls(rollout_id, "0")]
             assert len(calls) == turns, f"{rollout_id}: {len(calls)} calls stored, {turns} served"
-            breaks += sum(len(call.prefix_breaks) for call in calls)
+            for call in calls:
+                for found in call.prefix_breaks:
+                    kinds[str(found.get("kind") if isinstance(found, dict) else found)] += 1
             for before, after in zip(calls, calls[1:], strict=False):
                 expected = before.prompt_token_ids + before.response_token_ids
                 pairs += 1
-                exact += after.prompt_token_ids[: len(expected)] == expected
+                extends = after.prompt_token_ids[: len(expected)] == expected
+                exact += extends
+                # The codec flags prompts it cannot make extend (e.g. the response ended with another stop
+                # token than the template's): the converter splits there. Those happen on one proxy too.
+                flagged += bool(after.prefix_breaks)
+                silent += not extends and not after.prefix_breaks
     return {
         "bench": "scale_exactness",
         "proxies": len(proxies),
@@ -92,27 +118,198 @@ async def _exactness(dsn: str, proxies: list[ProxyProcess], conversations: int, 
         "turn_pairs": pairs,
         "exact": exact,
         "exact_pct": round(100 * exact / max(1, pairs), 2),
-        "prefix_breaks": breaks,
+        "flagged_by_the_codec": flagged,
+        "exact_pct_of_unflagged": round(100 * exact / max(1, pairs - flagged), 2),
+        "silent_breaks": silent,
+        "prefix_breaks": dict(kinds),
         "elapsed_s": round(elapsed, 1),
     }
 
 
+def serve_instant(port: int, response_ids: list[int]) -> None:
+    """The instant remote backend: `/v1/completions` answering `response_ids` for any prompt, at once."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    logprobs = [-0.5] * len(response_ids)
+
+    async def completions(request: Request) -> JSONResponse:
+        body = await request.json()
+        prompt = body["prompt"]
+        choice = {
+            "index": 0,
+            "text": "",
+            "token_ids": response_ids,
+            "prompt_token_ids": prompt,
+            "logprobs": {"token_logprobs": logprobs},
+            "finish_reason": "stop",
+        }
+        return JSONResponse({"object": "text_completion", "model": body.get("model"), "choices": [choice]})
+
+    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process `pid` and its direct children so far (Linux /proc)."""
+    total, ticks = 0.0, os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(entry) == pid or int(fields[1]) == pid:
+                total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[str], timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server on port {port} exited with code {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"nothing listened on port {port} within {timeout_s:g}s")
+
+
+async def _load(port: int, clients: int, seconds: float) -> int:
+    """Requests answered while `clients` keep-alive clients send chat calls (each a new rollout) for `seconds`."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    done = 0
+    async with httpx.AsyncClient(headers=headers, timeout=120, limits=limits) as client:
+
+        async def one(rollout: str) -> None:
+            url = f"http://127.0.0.1:{port}/rollout/{rollout}/attempt/0/v1/chat/completions"
+            answer = await client.post(url, json=body)
+            if answer.status_code != 200:
+                raise RuntimeError(f"HTTP {answer.status_code}: {answer.text[:300]}")
+
+        await asyncio.gather(*(one(f"warm-{i}-{time.monotonic_ns()}") for i in range(clients)))
+        stop_at = time.monotonic() + seconds
+
+        async def worker(index: int) -> None:
+            nonlocal done
+            n = 0
+            while time.monotonic() < stop_at:
+                await one(f"load-{index}-{n}-{time.monotonic_ns()}")
+                n += 1
+                done += 1
+
+        await asyncio.gather(*(worker(i) for i in range(clients)))
+    return done
+
+
+def _throughput(dsn: str, pg_pid: int | None, folder: Path, clients: int, seconds: float) -> dict[str, object]:
+    from agl_bridge.chat import ChatCodec
+    from agl_bridge.models.loading import load_tokenizer
+
+    model_dir = build_tiny_model(folder / "tiny")
+    tokenizer = load_tokenizer(model_dir)
+    response_ids = tokenizer("fine thanks", add_special_tokens=False)["input_ids"] + [
+        ChatCodec(tokenizer).stop_token_ids[0]
+    ]
+    env = child_env()
+    backend_port = _free_port()
+    backend = subprocess.Popen(
+        [sys.executable, __file__, "--serve-instant", str(backend_port), "--ids", json.dumps(response_ids)], env=env
+    )
+    results: dict[int, dict[str, float]] = {}
+    try:
+        _wait_for_port(backend_port, backend)
+        for workers in (1, 2):
+            port = _free_port()
+            serve = subprocess.Popen(
+                [AGL_BRIDGE, "serve", "--model", str(model_dir), "--workers", str(workers), "--port", str(port)]
+                + ["--sampler", "remote", "--sampler-url", f"http://127.0.0.1:{backend_port}"]
+                + ["--store", dsn, "--api-key", API_KEY],
+                env=env,
+                stderr=subprocess.DEVNULL,
+                cwd=folder,
+            )
+            try:
+                _wait_for_port(port, serve)
+                time.sleep(2.0 if workers > 1 else 0.5)  # every worker listening
+                cpu = (tree_cpu_s(serve.pid), tree_cpu_s(pg_pid) if pg_pid else 0.0, tree_cpu_s(backend.pid))
+                started = time.perf_counter()
+                requests = asyncio.run(_load(port, clients, seconds))
+                elapsed = time.perf_counter() - started
+                used = (tree_cpu_s(serve.pid) - cpu[0], (tree_cpu_s(pg_pid) - cpu[1]) if pg_pid else None)
+                backend_cpu = tree_cpu_s(backend.pid) - cpu[2]
+                results[workers] = {
+                    "requests_per_s": round(requests / elapsed, 1),
+                    "requests": requests,
+                    "proxy_cpu_ms_per_request": round(1000 * used[0] / requests, 2),
+                    "postgres_cpu_ms_per_request": None if used[1] is None else round(1000 * used[1] / requests, 2),
+                    "backend_cpu_ms_per_request": round(1000 * backend_cpu / requests, 2),
+                }
+            finally:
+                serve.send_signal(signal.SIGINT)
+                try:
+                    serve.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    serve.kill()
+                    serve.wait(timeout=30)
+    finally:
+        backend.terminate()
+        backend.wait(timeout=30)
+    return {
+        "bench": "scale_throughput",
+        "store": "postgresql",
+        "clients": clients,
+        "seconds": seconds,
+        "one_proxy": results[1],
+        "two_proxies": results[2],
+        "speedup": round(results[2]["requests_per_s"] / results[1]["requests_per_s"], 2),
+        "cores": os.cpu_count(),
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def main() -> None:
-    """Parse arguments, run the asked parts, print one JSON line each."""
+    """Parse arguments, run the asked part, print one JSON line (or serve the instant backend)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["exactness"], default="exactness")
+    parser.add_argument("--part", choices=["exactness", "throughput"], default="exactness")
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--proxies", type=int, default=2, help="exactness: proxies the turns alternate over")
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--store", default=None, help="a postgresql:// URL (default: a throwaway server)")
+    parser.add_argument("--serve-instant", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--ids", default="[]", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_instant is not None:
+        serve_instant(args.serve_instant, json.loads(args.ids))
+        return
     server = None if args.store else start_postgres()
     dsn = args.store or server.dsn()  # type: ignore[union-attr]
     proxies: list[ProxyProcess] = []
     try:
         with tempfile.TemporaryDirectory(prefix="agl-scale-bench-") as folder:
-            model_dir = build_tiny_model(Path(folder) / "tiny")
-            proxies = [start_proxy(dsn, model_dir, sampler="tiny", log_dir=Path(folder)) for _ in range(2)]
-            result = asyncio.run(_exactness(dsn, proxies, args.conversations, args.turns))
+            if args.part == "throughput":
+                result = _throughput(dsn, server.pid if server else None, Path(folder), args.clients, args.seconds)
+            else:
+                model_dir = build_tiny_model(Path(folder) / "tiny")
+                proxies = [
+                    start_proxy(dsn, model_dir, sampler="tiny", log_dir=Path(folder)) for _ in range(args.proxies)
+                ]
+                result = asyncio.run(_exactness(dsn, proxies, args.conversations, args.turns))
     finally:
         for proxy in proxies:
             proxy.stop()
