@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import json
 import os
 import signal
@@ -37,7 +38,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -150,7 +153,8 @@ def serve_instant(port: int, response_ids: list[int]) -> None:
         return JSONResponse({"object": "text_completion", "model": body.get("model"), "choices": [choice]})
 
     app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    # A long keep-alive: the proxies reuse pooled connections, and one closed under them fails a call.
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, timeout_keep_alive=600)
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -168,6 +172,11 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
+def _snapshot_cpu(into: list[float], pids: tuple[int | None, ...]) -> None:
+    """Append the CPU seconds so far of each process tree in `pids` (0 for None)."""
+    into.extend(tree_cpu_s(pid) if pid else 0.0 for pid in pids)
+
+
 def _wait_for_port(port: int, process: subprocess.Popen[str], timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -181,8 +190,9 @@ def _wait_for_port(port: int, process: subprocess.Popen[str], timeout_s: float =
     raise RuntimeError(f"nothing listened on port {port} within {timeout_s:g}s")
 
 
-async def _load(port: int, clients: int, seconds: float) -> int:
-    """Requests answered while `clients` keep-alive clients send chat calls (each a new rollout) for `seconds`."""
+async def _load(port: int, clients: int, seconds: float, measure: Callable[[], None]) -> tuple[int, float]:
+    """Requests answered, and the seconds taken, while `clients` keep-alive clients send chat calls (each a
+    new rollout) for `seconds`; `measure()` is called once the connections are open and warm."""
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     headers = {"Authorization": f"Bearer {API_KEY}"}
@@ -195,7 +205,10 @@ async def _load(port: int, clients: int, seconds: float) -> int:
             if answer.status_code != 200:
                 raise RuntimeError(f"HTTP {answer.status_code}: {answer.text[:300]}")
 
-        await asyncio.gather(*(one(f"warm-{i}-{time.monotonic_ns()}") for i in range(clients)))
+        for _ in range(3):  # every connection and every worker's lazy set-up warm before measuring
+            await asyncio.gather(*(one(f"warm-{i}-{time.monotonic_ns()}") for i in range(clients)))
+        measure()
+        started = time.perf_counter()
         stop_at = time.monotonic() + seconds
 
         async def worker(index: int) -> None:
@@ -207,7 +220,8 @@ async def _load(port: int, clients: int, seconds: float) -> int:
                 done += 1
 
         await asyncio.gather(*(worker(i) for i in range(clients)))
-    return done
+        elapsed = time.perf_counter() - started
+    return done, elapsed
 
 
 def _throughput(dsn: str, pg_pid: int | None, folder: Path, clients: int, seconds: float) -> dict[str, object]:
@@ -234,16 +248,21 @@ def _throughput(dsn: str, pg_pid: int | None, folder: Path, clients: int, second
                 + ["--sampler", "remote", "--sampler-url", f"http://127.0.0.1:{backend_port}"]
                 + ["--store", dsn, "--api-key", API_KEY],
                 env=env,
-                stderr=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
                 cwd=folder,
             )
             try:
-                _wait_for_port(port, serve)
-                time.sleep(2.0 if workers > 1 else 0.5)  # every worker listening
-                cpu = (tree_cpu_s(serve.pid), tree_cpu_s(pg_pid) if pg_pid else 0.0, tree_cpu_s(backend.pid))
-                started = time.perf_counter()
-                requests = asyncio.run(_load(port, clients, seconds))
-                elapsed = time.perf_counter() - started
+                assert serve.stderr is not None
+                for line in serve.stderr:  # printed once every worker answers
+                    if line.startswith("agl-bridge is serving"):
+                        break
+                else:
+                    raise RuntimeError(f"agl-bridge serve --workers {workers} exited ({serve.wait()})")
+                threading.Thread(target=serve.stderr.read, daemon=True).start()  # keep its pipe drained
+                cpu: list[float] = []
+                measure = functools.partial(_snapshot_cpu, cpu, (serve.pid, pg_pid, backend.pid))
+                requests, elapsed = asyncio.run(_load(port, clients, seconds, measure))
                 used = (tree_cpu_s(serve.pid) - cpu[0], (tree_cpu_s(pg_pid) - cpu[1]) if pg_pid else None)
                 backend_cpu = tree_cpu_s(backend.pid) - cpu[2]
                 results[workers] = {
