@@ -1,4 +1,4 @@
-"""A whole run spread over processes on one machine: the hello agent's GRPO with its rollouts on local Ray,
+"""A whole run spread over processes on one machine: a hello-style agent's GRPO with its rollouts on local Ray,
 sampling on a second `serve` (remote sampler), recording into PostgreSQL, converted from PostgreSQL.
 
 Checked: the run trains (a policy version per step), nothing is lost (every rollout has its
@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from shared_helpers import REPO
 
 from agl_bridge.convert import ConvertOptions, convert_store
 from agl_bridge.store import PostgresStore
@@ -26,6 +25,22 @@ from agl_bridge.types import AttemptStatus, RolloutOrigin
 
 pytest.importorskip("ray", reason="the distributed run needs Ray: pip install 'agl-bridge[ray]'")
 pytestmark = pytest.mark.slow
+
+
+# The hello agent's shape (plain OpenAI SDK + emit_reward) with a reward that varies on the random tiny
+# model, so every group has an advantage to train on (the hello game's reward is 0 until a warm start).
+AGENT = """
+from agl_bridge import emit_reward
+
+
+def agent(task, endpoint):
+    client = endpoint.openai_client()
+    reply = client.chat.completions.create(
+        model=endpoint.model, messages=[{"role": "user", "content": f"Let's play a game. Say you are {task}."}],
+    )
+    text = reply.choices[0].message.content or ""
+    emit_reward(len(set(text)) / max(1, len(text)))
+"""
 
 
 @pytest.fixture
@@ -41,9 +56,10 @@ def sampler_server(tiny_model_dir: Path, tmp_path: Path) -> Iterator[ProxyProces
 async def test_hello_grpo_on_ray_with_a_remote_sampler_and_a_postgresql_store(
     sampler_server: ProxyProcess, postgres_dsn: str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    (tmp_path / "agent.py").write_text(AGENT)
     (tmp_path / "tasks.jsonl").write_text("".join(f"{n}\n" for n in (7, 42, 100, 321)))
     config = {
-        "agent": f"{REPO / 'examples' / 'hello_qwen' / 'agent.py'}:hello_agent",
+        "agent": f"{tmp_path / 'agent.py'}:agent",
         "tasks": "tasks.jsonl",
         "run_dir": str(tmp_path / "run"),
         "model": str(tiny_model_dir),
