@@ -236,7 +236,9 @@ def _throughput(dsn: str, pg_pid: int | None, folder: Path, clients: int, second
     env = child_env()
     backend_port = _free_port()
     backend = subprocess.Popen(
-        [sys.executable, __file__, "--serve-instant", str(backend_port), "--ids", json.dumps(response_ids)], env=env
+        [sys.executable, __file__, "--serve-instant", str(backend_port), "--ids", json.dumps(response_ids)],
+        env=env,
+        stdout=subprocess.DEVNULL,
     )
     results: dict[int, dict[str, float]] = {}
     try:
@@ -248,6 +250,7 @@ def _throughput(dsn: str, pg_pid: int | None, folder: Path, clients: int, second
                 + ["--sampler", "remote", "--sampler-url", f"http://127.0.0.1:{backend_port}"]
                 + ["--store", dsn, "--api-key", API_KEY],
                 env=env,
+                stdout=subprocess.DEVNULL,  # LiteLLM's start-up banner: this process prints only its JSON line
                 stderr=subprocess.PIPE,
                 text=True,
                 cwd=folder,
