@@ -14,7 +14,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -24,9 +24,15 @@ from agl_bridge.store.errors import StoreClosedError
 from agl_bridge.store.group_commit import GroupCommitter
 from agl_bridge.store.sqlite_rows import (
     ATTEMPT_SELECT,
+    LLM_CALL_SELECT,
+    REWARD_SELECT,
     ROLLOUT_SELECT,
+    SPAN_SELECT,
     decode_attempt,
+    decode_llm_call,
+    decode_reward,
     decode_rollout,
+    decode_span,
     encode_llm_call_rest,
     encode_reward_rest,
     encode_span_rest,
@@ -45,6 +51,10 @@ from agl_bridge.types import (
 )
 
 _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+CALL_KEY = ("rollout_key", "attempt_key", "sequence", "choice_index")
+"""The ordering key of llm_calls (a unique index in both backends)."""
+RECORD_KEY = ("rollout_key", "attempt_key", "sequence")
+"""The ordering key of rewards and spans."""
 
 
 class BatchedStore:
@@ -56,9 +66,63 @@ class BatchedStore:
     """The column that orders rollouts by creation."""
     _committer: GroupCommitter[WriteOp] | None = None
 
+    _decode_call: Callable[[Sequence[Any]], LLMCall] = staticmethod(decode_llm_call)
+    """Builds an LLMCall from a row selected with LLM_CALL_SELECT (a backend may store a column its own way)."""
+
     async def _fetch(self, sql: str, params: Sequence[Any]) -> list[Any]:
         """Run one read (`?` placeholders) and return its rows."""
         raise NotImplementedError
+
+    def _stream(
+        self, table: str, select: str, key: tuple[str, ...], fixed: Sequence[str], *, attributed_only: bool
+    ) -> AsyncIterator[Sequence[Any]]:
+        """Rows of `table` in `key` order, a page at a time: those whose leading key columns equal `fixed`,
+        and (`attributed_only`) only records of a rollout."""
+        raise NotImplementedError
+
+    # --- streamed reads ---------------------------------------------------------------------------
+
+    async def iter_llm_calls(
+        self, rollout_id: str | None = None, attempt_id: str | None = None
+    ) -> AsyncIterator[LLMCall]:
+        """Stream calls in (rollout, attempt, sequence, choice_index) order.
+
+        rollout_id and attempt_id given: that attempt's calls; rollout_id only: every attempt of
+        that rollout; neither: every call that belongs to a rollout (see iter_all_calls for
+        calls outside rollouts too).
+        """
+        fixed = leading_key(rollout_id, attempt_id)
+        async for row in self._stream("llm_calls", LLM_CALL_SELECT, CALL_KEY, fixed, attributed_only=True):
+            yield self._decode_call(row)
+
+    async def iter_rewards(self, rollout_id: str | None = None, attempt_id: str | None = None) -> AsyncIterator[Reward]:
+        """Stream rewards in (rollout, attempt, sequence) order; filters as in iter_llm_calls."""
+        fixed = leading_key(rollout_id, attempt_id)
+        async for row in self._stream("rewards", REWARD_SELECT, RECORD_KEY, fixed, attributed_only=True):
+            yield decode_reward(row)
+
+    async def iter_spans(
+        self, rollout_id: str | None = None, attempt_id: str | None = None
+    ) -> AsyncIterator[StoredSpan]:
+        """Stream generic spans in (rollout, attempt, sequence) order; filters as in iter_llm_calls."""
+        fixed = leading_key(rollout_id, attempt_id)
+        async for row in self._stream("spans", SPAN_SELECT, RECORD_KEY, fixed, attributed_only=True):
+            yield decode_span(row)
+
+    async def iter_all_calls(self) -> AsyncIterator[LLMCall]:
+        """Stream every call, those outside any rollout first, for exports."""
+        async for row in self._stream("llm_calls", LLM_CALL_SELECT, CALL_KEY, (), attributed_only=False):
+            yield self._decode_call(row)
+
+    async def iter_all_rewards(self) -> AsyncIterator[Reward]:
+        """Stream every reward, those outside any rollout first."""
+        async for row in self._stream("rewards", REWARD_SELECT, RECORD_KEY, (), attributed_only=False):
+            yield decode_reward(row)
+
+    async def iter_all_spans(self) -> AsyncIterator[StoredSpan]:
+        """Stream every generic span, those outside any rollout first."""
+        async for row in self._stream("spans", SPAN_SELECT, RECORD_KEY, (), attributed_only=False):
+            yield decode_span(row)
 
     @property
     def pending_writes(self) -> int:

@@ -35,7 +35,7 @@ from typing import Any, TypeGuard
 
 from agl_bridge._version import __version__
 from agl_bridge.store.base import group_rollout_records
-from agl_bridge.store.batched import BatchedStore, RolloutCursor, leading_key
+from agl_bridge.store.batched import CALL_KEY, RECORD_KEY, BatchedStore, RolloutCursor
 from agl_bridge.store.errors import RolloutNotFoundError, StoreClosedError, StoreError, StoreUnavailableError
 from agl_bridge.store.group_commit import GroupCommitter
 from agl_bridge.store.postgres_writer import (
@@ -51,23 +51,21 @@ from agl_bridge.store.sqlite_rows import (
     NO_ID,
     REWARD_SELECT,
     ROLLOUT_SELECT,
-    SPAN_SELECT,
     TOKEN_CALL_SELECT,
     decode_attempt,
     decode_llm_call,
     decode_reward,
     decode_rollout,
-    decode_span,
     decode_token_call,
 )
 from agl_bridge.store.sqlite_writer import WriteOp
-from agl_bridge.types import LLMCall, Reward, RolloutRecords, StoredSpan
+from agl_bridge.types import LLMCall, RolloutRecords
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 """Store locations with these prefixes name a PostgreSQL database."""
 
-_CALL_ORDER = "rollout_key, attempt_key, sequence, choice_index"
-_RECORD_ORDER = "rollout_key, attempt_key, sequence"
+_CALL_ORDER = ", ".join(CALL_KEY)
+_RECORD_ORDER = ", ".join(RECORD_KEY)
 _IDLE_READERS = 4
 _cursor_names = itertools.count()
 
@@ -75,6 +73,11 @@ _cursor_names = itertools.count()
 def is_postgres_location(location: object) -> TypeGuard[str]:
     """Whether a store location (CLI `--store`, config `store`) names a PostgreSQL database."""
     return isinstance(location, str) and location.startswith(POSTGRES_SCHEMES)
+
+
+def _decode_pg_call(row: Sequence[Any]) -> LLMCall:
+    """`decode_llm_call` of a PostgreSQL row (its response text stored as bytes)."""
+    return decode_llm_call(from_pg_call_row(row))
 
 
 class PostgresStore(BatchedStore):
@@ -89,6 +92,7 @@ class PostgresStore(BatchedStore):
     """
 
     _creation_order = "created_order"
+    _decode_call = staticmethod(_decode_pg_call)
 
     def __init__(
         self,
@@ -256,7 +260,7 @@ class PostgresStore(BatchedStore):
                 yield rows
 
     async def _stream(
-        self, table: str, select: str, order: str, fixed: Sequence[str], *, attributed_only: bool
+        self, table: str, select: str, key: tuple[str, ...], fixed: Sequence[str], *, attributed_only: bool
     ) -> AsyncIterator[Sequence[Any]]:
         where: list[str] = [f"{column} = %s" for column in ("rollout_key", "attempt_key")[: len(fixed)]]
         params: list[Any] = list(fixed)
@@ -265,46 +269,9 @@ class PostgresStore(BatchedStore):
             params.append(NO_ID)
         sql = f"SELECT {select} FROM {table}" + (" WHERE " + " AND ".join(where) if where else "")
         async with self._snapshot() as conn:
-            async for rows in self._cursor_pages(conn, f"{sql} ORDER BY {order}", params):
+            async for rows in self._cursor_pages(conn, f"{sql} ORDER BY {', '.join(key)}", params):
                 for row in rows:
                     yield row
-
-    async def iter_llm_calls(
-        self, rollout_id: str | None = None, attempt_id: str | None = None
-    ) -> AsyncIterator[LLMCall]:
-        """Stream calls in (rollout, attempt, sequence, choice_index) order (filters as SQLiteStore's)."""
-        fixed = leading_key(rollout_id, attempt_id)
-        async for row in self._stream("llm_calls", LLM_CALL_SELECT, _CALL_ORDER, fixed, attributed_only=True):
-            yield decode_llm_call(from_pg_call_row(row))
-
-    async def iter_rewards(self, rollout_id: str | None = None, attempt_id: str | None = None) -> AsyncIterator[Reward]:
-        """Stream rewards in (rollout, attempt, sequence) order."""
-        fixed = leading_key(rollout_id, attempt_id)
-        async for row in self._stream("rewards", REWARD_SELECT, _RECORD_ORDER, fixed, attributed_only=True):
-            yield decode_reward(row)
-
-    async def iter_spans(
-        self, rollout_id: str | None = None, attempt_id: str | None = None
-    ) -> AsyncIterator[StoredSpan]:
-        """Stream generic spans in (rollout, attempt, sequence) order."""
-        fixed = leading_key(rollout_id, attempt_id)
-        async for row in self._stream("spans", SPAN_SELECT, _RECORD_ORDER, fixed, attributed_only=True):
-            yield decode_span(row)
-
-    async def iter_all_calls(self) -> AsyncIterator[LLMCall]:
-        """Stream every call, those outside any rollout first, for exports."""
-        async for row in self._stream("llm_calls", LLM_CALL_SELECT, _CALL_ORDER, (), attributed_only=False):
-            yield decode_llm_call(from_pg_call_row(row))
-
-    async def iter_all_rewards(self) -> AsyncIterator[Reward]:
-        """Stream every reward, those outside any rollout first."""
-        async for row in self._stream("rewards", REWARD_SELECT, _RECORD_ORDER, (), attributed_only=False):
-            yield decode_reward(row)
-
-    async def iter_all_spans(self) -> AsyncIterator[StoredSpan]:
-        """Stream every generic span, those outside any rollout first."""
-        async for row in self._stream("spans", SPAN_SELECT, _RECORD_ORDER, (), attributed_only=False):
-            yield decode_span(row)
 
     async def iter_rollout_records(
         self, rollout_ids: Iterable[str] | None = None, *, tokens_only: bool = False
@@ -372,8 +339,3 @@ class PostgresStore(BatchedStore):
         return group_rollout_records(
             rollout, attempts, [decode_call(row) for row in calls], [decode_reward(row) for row in rewards]
         )
-
-
-def _decode_pg_call(row: Sequence[Any]) -> LLMCall:
-    """`decode_llm_call` of a PostgreSQL row (its response text stored as bytes)."""
-    return decode_llm_call(from_pg_call_row(row))

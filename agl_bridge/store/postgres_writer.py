@@ -45,7 +45,7 @@ from agl_bridge.store.postgres_schema import ensure_schema
 from agl_bridge.store.rollout_rules import check_open, register_key
 from agl_bridge.store.schema import SchemaMismatch
 from agl_bridge.store.sqlite_rows import LLM_CALL_COLUMNS, REWARD_COLUMNS, SPAN_COLUMNS
-from agl_bridge.store.sqlite_writer import FuncOp, RecordOp, SequenceOp, WriteOp
+from agl_bridge.store.sqlite_writer import FuncOp, RecordOp, SequenceOp, WriteOp, slot_taken
 
 STATE_LOCK = 0x61676C5F73746100
 """Advisory lock key of the rollout state machine ("agl_sta")."""
@@ -75,7 +75,6 @@ _COLUMN_TYPES = {
     "start_time_ns": "int8",
     "end_time_ns": "int8",
 }
-_RECORD_NAMES = {"llm_calls": "LLM call", "rewards": "reward", "spans": "span"}
 _REFUSED_REWARD = "it takes no more rewards: report rewards before finishing the attempt"
 
 
@@ -404,14 +403,7 @@ class PostgresWriter:
             with conn.transaction():
                 inserted = conn.execute(_ONE_INSERTS[op.table], row).rowcount
         except psycopg.IntegrityError:
-            choice = f", choice {op.rest[0]}" if op.table == "llm_calls" else ""
-            return Failure(
-                DuplicateRecordError(
-                    f"a {_RECORD_NAMES[op.table]} already holds rollout {op.rollout_key or None!r}, attempt "
-                    f"{op.attempt_key or None!r}, sequence {op.sequence}{choice}; sequences come from "
-                    "next_sequence() and each may be used once (leave sequence=None to have one allocated)"
-                )
-            )
+            return Failure(slot_taken(op))
         if inserted:
             return op.sequence
         # The same span was stored before: report the sequence it was stored under.

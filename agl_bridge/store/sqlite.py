@@ -39,7 +39,7 @@ import aiosqlite
 
 from agl_bridge._version import __version__
 from agl_bridge.store.base import group_rollout_records
-from agl_bridge.store.batched import BatchedStore, RolloutCursor, leading_key
+from agl_bridge.store.batched import CALL_KEY, RECORD_KEY, BatchedStore, RolloutCursor
 from agl_bridge.store.errors import RolloutNotFoundError, StoreClosedError, StoreError
 from agl_bridge.store.group_commit import GroupCommitter
 from agl_bridge.store.sqlite_rows import (
@@ -48,29 +48,22 @@ from agl_bridge.store.sqlite_rows import (
     NO_ID,
     REWARD_SELECT,
     ROLLOUT_SELECT,
-    SPAN_SELECT,
     TOKEN_CALL_SELECT,
     decode_attempt,
     decode_llm_call,
     decode_reward,
     decode_rollout,
-    decode_span,
     decode_token_call,
 )
 from agl_bridge.store.sqlite_writer import SQLiteWriter, WriteOp, change_waiter
 from agl_bridge.types import (
     Attempt,
     LLMCall,
-    Reward,
     Rollout,
     RolloutRecords,
-    StoredSpan,
 )
 
 _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
-_CALL_KEY = ("rollout_key", "attempt_key", "sequence", "choice_index")
-_REWARD_KEY = ("rollout_key", "attempt_key", "sequence")
-_SPAN_KEY = _REWARD_KEY
 
 
 class SQLiteStore(BatchedStore):
@@ -197,48 +190,6 @@ class SQLiteStore(BatchedStore):
         rows = await self._fetch("PRAGMA data_version", ())
         return int(rows[0][0])
 
-    async def iter_llm_calls(
-        self, rollout_id: str | None = None, attempt_id: str | None = None
-    ) -> AsyncIterator[LLMCall]:
-        """Stream calls in (rollout, attempt, sequence, choice_index) order.
-
-        rollout_id and attempt_id given: that attempt's calls; rollout_id only: every attempt of
-        that rollout; neither: every call that belongs to a rollout (see iter_all_calls for
-        calls outside rollouts too).
-        """
-        fixed = leading_key(rollout_id, attempt_id)
-        async for row in self._stream("llm_calls", LLM_CALL_SELECT, _CALL_KEY, fixed, attributed_only=True):
-            yield decode_llm_call(row)
-
-    async def iter_rewards(self, rollout_id: str | None = None, attempt_id: str | None = None) -> AsyncIterator[Reward]:
-        """Stream rewards in (rollout, attempt, sequence) order; filters as in iter_llm_calls."""
-        fixed = leading_key(rollout_id, attempt_id)
-        async for row in self._stream("rewards", REWARD_SELECT, _REWARD_KEY, fixed, attributed_only=True):
-            yield decode_reward(row)
-
-    async def iter_spans(
-        self, rollout_id: str | None = None, attempt_id: str | None = None
-    ) -> AsyncIterator[StoredSpan]:
-        """Stream generic spans in (rollout, attempt, sequence) order; filters as in iter_llm_calls."""
-        fixed = leading_key(rollout_id, attempt_id)
-        async for row in self._stream("spans", SPAN_SELECT, _SPAN_KEY, fixed, attributed_only=True):
-            yield decode_span(row)
-
-    async def iter_all_calls(self) -> AsyncIterator[LLMCall]:
-        """Stream every call, those outside any rollout first, for exports."""
-        async for row in self._stream("llm_calls", LLM_CALL_SELECT, _CALL_KEY, (), attributed_only=False):
-            yield decode_llm_call(row)
-
-    async def iter_all_rewards(self) -> AsyncIterator[Reward]:
-        """Stream every reward, those outside any rollout first."""
-        async for row in self._stream("rewards", REWARD_SELECT, _REWARD_KEY, (), attributed_only=False):
-            yield decode_reward(row)
-
-    async def iter_all_spans(self) -> AsyncIterator[StoredSpan]:
-        """Stream every generic span, those outside any rollout first."""
-        async for row in self._stream("spans", SPAN_SELECT, _SPAN_KEY, (), attributed_only=False):
-            yield decode_span(row)
-
     async def iter_rollout_records(
         self, rollout_ids: Iterable[str] | None = None, *, tokens_only: bool = False
     ) -> AsyncIterator[RolloutRecords]:
@@ -261,8 +212,8 @@ class SQLiteStore(BatchedStore):
             for rollout_id in dict.fromkeys(rollout_ids):
                 yield await self._one_rollout_records(rollout_id, select, decode_call)
             return
-        call_pages = self._pages("llm_calls", select, _CALL_KEY, (), attributed_only=True, prefetch=True)
-        reward_pages = self._pages("rewards", REWARD_SELECT, _REWARD_KEY, (), attributed_only=True, prefetch=True)
+        call_pages = self._pages("llm_calls", select, CALL_KEY, (), attributed_only=True, prefetch=True)
+        reward_pages = self._pages("rewards", REWARD_SELECT, RECORD_KEY, (), attributed_only=True, prefetch=True)
         async with contextlib.aclosing(call_pages), contextlib.aclosing(reward_pages):
             calls, rewards = RolloutCursor(call_pages), RolloutCursor(reward_pages)
             async for rollout, attempts in self._rollout_pages():
@@ -281,11 +232,11 @@ class SQLiteStore(BatchedStore):
         fixed = (rollout_id,)
         calls = [
             decode_call(row)
-            async for row in self._stream("llm_calls", call_select, _CALL_KEY, fixed, attributed_only=True)
+            async for row in self._stream("llm_calls", call_select, CALL_KEY, fixed, attributed_only=True)
         ]
         rewards = [
             decode_reward(row)
-            async for row in self._stream("rewards", REWARD_SELECT, _REWARD_KEY, fixed, attributed_only=True)
+            async for row in self._stream("rewards", REWARD_SELECT, RECORD_KEY, fixed, attributed_only=True)
         ]
         return group_rollout_records(rollout, attempts, calls, rewards)
 
