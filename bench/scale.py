@@ -265,7 +265,9 @@ def _throughput(dsn: str, pg_pid: int | None, folder: Path, clients: int, second
                 threading.Thread(target=serve.stderr.read, daemon=True).start()  # keep its pipe drained
                 cpu: list[float] = []
                 measure = functools.partial(_snapshot_cpu, cpu, (serve.pid, pg_pid, backend.pid))
+                client_cpu = time.process_time()  # includes the warm-up: an upper bound for the clients' share
                 requests, elapsed = asyncio.run(_load(port, clients, seconds, measure))
+                client_cpu = time.process_time() - client_cpu
                 used = (tree_cpu_s(serve.pid) - cpu[0], (tree_cpu_s(pg_pid) - cpu[1]) if pg_pid else None)
                 backend_cpu = tree_cpu_s(backend.pid) - cpu[2]
                 results[workers] = {
@@ -274,6 +276,7 @@ def _throughput(dsn: str, pg_pid: int | None, folder: Path, clients: int, second
                     "proxy_cpu_ms_per_request": round(1000 * used[0] / requests, 2),
                     "postgres_cpu_ms_per_request": None if used[1] is None else round(1000 * used[1] / requests, 2),
                     "backend_cpu_ms_per_request": round(1000 * backend_cpu / requests, 2),
+                    "client_cpu_ms_per_request": round(1000 * client_cpu / requests, 2),
                 }
             finally:
                 serve.send_signal(signal.SIGINT)
