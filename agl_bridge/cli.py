@@ -8,6 +8,7 @@ the work itself lives in the library so it can be called and tested without the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import json
@@ -16,6 +17,7 @@ import os
 import time
 import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -29,6 +31,7 @@ from agl_bridge.models.tiny import InvalidTinySpecError, TinyModelSpec, build_ti
 from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError
 from agl_bridge.store.errors import RolloutNotFoundError, StoreError, StoreSchemaError
 from agl_bridge.store.export import NoStoreError, open_existing_store
+from agl_bridge.store.location import describe_location, is_postgres_location
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -221,8 +224,12 @@ def with_sampler_options(command: Callable[..., None]) -> Callable[..., None]:
 @with_sampler_options
 def serve_command(
     model: str = typer.Option("tiny", help="`tiny`, a local model directory, or a hub id."),
-    store: Path = typer.Option(
-        Path("agl_store.sqlite"), "--store", metavar="PATH", help="SQLite file to record into (created if missing)."
+    store: str = typer.Option(
+        "agl_store.sqlite",
+        "--store",
+        metavar="PATH|URL",
+        help="SQLite file to record into (created if missing), or a PostgreSQL database (postgresql://user@host/db: "
+        "several serve processes may share one; see docs/scaling.md).",
     ),
     host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback needs --api-key."),
     port: int = typer.Option(4000, min=0, max=65535, help="Port to listen on (0 picks a free one)."),
@@ -268,45 +275,110 @@ def serve_command(
         help="One line per request on stderr: method, path, rollout, status, tokens, latency (never the key or "
         "message content).",
     ),
+    workers: int = typer.Option(
+        1,
+        "--workers",
+        min=1,
+        metavar="N",
+        help="Run N proxy processes on one port (SO_REUSEPORT: the kernel spreads connections) for a remote "
+        "sampler; a rollout's turns may land on any of them. Needs --sampler remote (the in-process hf sampler "
+        "stays one process); best with a PostgreSQL --store.",
+    ),
     *,
     spec: SamplerSpec,
 ) -> None:
     """Serve the model behind the LiteLLM proxy, recording every call with exact token ids."""
-    from agl_bridge.models.loading import ModelNotFoundError, load_tokenizer, resolve_model_path, served_model_name
-    from agl_bridge.proxy.server import ProxyServer, ProxyStartError, bind_socket, choose_api_key
+    from agl_bridge.models.loading import served_model_name
+    from agl_bridge.proxy.server import ProxyStartError, bind_socket, choose_api_key
     from agl_bridge.proxy.server import litellm_config as litellm_config_dict
-    from agl_bridge.sampler.factory import build_sampler
-    from agl_bridge.sampler.kv_batch import UnsupportedArchitectureError
-    from agl_bridge.sampler.vllm import VLLMSettingError
-    from agl_bridge.store.errors import StoreError
 
     name = served_name or served_model_name(model)
     try:
         spec.validate()
     except SamplerSpecError as exc:
         _fail(f"{exc.flag}: {exc}")
-    _check_writable_store(store)
+    if workers > 1 and spec.kind != "remote":
+        _fail(
+            f"--workers {workers} runs {workers} proxy processes, but --sampler {spec.kind} samples inside the "
+            "proxy's own process (it holds the model) and stays single-process: use --sampler remote "
+            "--sampler-url URL (vLLM servers or another agl-bridge serve) with --workers, or leave --workers at 1"
+        )
+    if not is_postgres_location(store):
+        _check_writable_store(Path(store))
     if rollout_idle_timeout is not None and not (math.isfinite(rollout_idle_timeout) and rollout_idle_timeout > 0):
         _fail(f"--rollout-idle-timeout must be a number of seconds > 0, got {rollout_idle_timeout}")
     try:  # refuse a public bind without a key, a taken port or a bad LiteLLM config before the (slow) model load
         choose_api_key(host, api_key)
-        bind_socket(host, port).close()
+        bind_socket(host, port, reuse_port=workers > 1).close()
         if litellm_config is not None:
             litellm_config_dict([name], "check", litellm_config)
     except ProxyStartError as exc:
         _fail(str(exc))
+    settings = _ServeSettings(
+        model=model,
+        name=name,
+        spec=spec,
+        store=store,
+        host=host,
+        port=port,
+        api_key=api_key,
+        litellm_config=litellm_config,
+        default_max_tokens=default_max_tokens,
+        rollout_idle_timeout=rollout_idle_timeout,
+        torch_threads=torch_threads,
+        max_request_bytes=None if max_request_mb is None else int(max_request_mb * 1024 * 1024),
+        log_requests=log_requests,
+    )
+    if workers > 1:
+        _serve_workers(settings, workers)
+    else:
+        _serve_one(
+            settings, lambda ready, path: _announce(settings, path, ready.base_url, ready.api_key, ready.generated_key)
+        )
+
+
+@dataclass(frozen=True)
+class _ServeSettings:
+    """What one `serve` process needs to build its proxy (picklable: `--workers` sends it to each worker)."""
+
+    model: str
+    name: str
+    spec: SamplerSpec
+    store: str
+    host: str
+    port: int
+    api_key: str | None
+    litellm_config: Path | None
+    default_max_tokens: int
+    rollout_idle_timeout: float | None
+    torch_threads: int | None
+    max_request_bytes: int | None = None
+    log_requests: bool = True
+    reuse_port: bool = False
+
+
+def _serve_one(settings: _ServeSettings, on_ready: Callable[[Any, str], None]) -> None:
+    """Load the model's tokenizer and sampler, then serve the proxy in the foreground until stopped."""
+    from agl_bridge.models.loading import ModelNotFoundError, load_tokenizer, resolve_model_path
+    from agl_bridge.proxy.server import ProxyServer, ProxyStartError
+    from agl_bridge.sampler.factory import build_sampler
+    from agl_bridge.sampler.kv_batch import UnsupportedArchitectureError
+    from agl_bridge.sampler.vllm import VLLMSettingError
+    from agl_bridge.store.errors import StoreError
+
+    spec = settings.spec
     if spec.kind == "hf":
         import torch
 
         from agl_bridge.sampler.hf import serving_torch_threads
 
-        torch.set_num_threads(torch_threads or serving_torch_threads())
+        torch.set_num_threads(settings.torch_threads or serving_torch_threads())
     try:
-        path = resolve_model_path(model)
+        path = resolve_model_path(settings.model)
         tokenizer = load_tokenizer(path)
-        sampler = build_sampler(spec, path, tokenizer, served_name=name)
+        sampler = build_sampler(spec, path, tokenizer, served_name=settings.name)
     except (ModelNotFoundError, OSError, UnsupportedArchitectureError) as exc:
-        _fail(f"cannot load model {model!r}: {exc}")
+        _fail(f"cannot load model {settings.model!r}: {exc}")
     except ImportError as exc:  # --sampler vllm without vLLM or without a GPU: the message says what to install
         _fail(str(exc))
     except VLLMSettingError as exc:  # vLLM refused an engine setting; the message names it
@@ -315,43 +387,26 @@ def serve_command(
         server = ProxyServer(
             sampler=sampler,
             tokenizer=tokenizer,
-            store_path=store,
-            model_name=name,
-            host=host,
-            port=port,
-            api_key=api_key,
-            litellm_config_path=litellm_config,
-            default_max_tokens=default_max_tokens,
-            rollout_idle_timeout_s=rollout_idle_timeout,
-            max_request_bytes=None if max_request_mb is None else int(max_request_mb * 1024 * 1024),
+            store_path=settings.store,
+            model_name=settings.name,
+            host=settings.host,
+            port=settings.port,
+            api_key=settings.api_key,
+            litellm_config_path=settings.litellm_config,
+            default_max_tokens=settings.default_max_tokens,
+            rollout_idle_timeout_s=settings.rollout_idle_timeout,
+            reuse_port=settings.reuse_port,
+            max_request_bytes=settings.max_request_bytes,
         )
     except ProxyStartError as exc:
         sampler.close()
         _fail(str(exc))
-
-    if log_requests:
+    if settings.log_requests:
         from agl_bridge.proxy.access_log import log_requests as write_access_log
 
         write_access_log()
-
-    def announce(ready: ProxyServer) -> None:
-        typer.echo(f"agl-bridge is serving {name!r} ({path}) at {ready.openai_base_url()}", err=True)
-        if spec.kind == "remote":
-            typer.echo(f"  sampling on {', '.join(spec.urls)} as {spec.remote_model or name!r}", err=True)
-        typer.echo(
-            f"  key: {ready.api_key}" + ("  (generated; pass --api-key to choose one)" if ready.generated_key else ""),
-            err=True,
-        )
-        typer.echo(f"  per rollout: {ready.openai_base_url('ROLLOUT_ID', 'ATTEMPT_ID')}", err=True)
-        typer.echo(
-            f"  lifecycle: POST {ready.base_url}/rollout/ROLLOUT_ID/attempt/ATTEMPT_ID/start|reward|finish"
-            + (f" (idle rollouts time out after {rollout_idle_timeout:g} s)" if rollout_idle_timeout else ""),
-            err=True,
-        )
-        typer.echo(f"  recording into {store.resolve()}; Ctrl-C stops", err=True)
-
     try:
-        server.serve_forever(on_ready=announce)
+        server.serve_forever(on_ready=lambda ready: on_ready(ready, path))
     except KeyboardInterrupt:
         pass
     except (ProxyStartError, StoreError) as exc:
@@ -360,6 +415,106 @@ def serve_command(
         _fail(f"cannot serve: {exc}")
     finally:
         sampler.close()
+
+
+def _announce(settings: _ServeSettings, path: str, base_url: str, key: str, generated: bool, workers: int = 1) -> None:
+    """The lines `serve` prints once it answers: where, which key, the per-rollout and lifecycle URLs."""
+    spec, idle = settings.spec, settings.rollout_idle_timeout
+    processes = f" ({workers} processes on one port)" if workers > 1 else ""
+    typer.echo(f"agl-bridge is serving {settings.name!r} ({path}) at {base_url}/v1{processes}", err=True)
+    if spec.kind == "remote":
+        typer.echo(f"  sampling on {', '.join(spec.urls)} as {spec.remote_model or settings.name!r}", err=True)
+    typer.echo(f"  key: {key}" + ("  (generated; pass --api-key to choose one)" if generated else ""), err=True)
+    typer.echo(f"  per rollout: {base_url}/rollout/ROLLOUT_ID/attempt/ATTEMPT_ID/v1", err=True)
+    typer.echo(
+        f"  lifecycle: POST {base_url}/rollout/ROLLOUT_ID/attempt/ATTEMPT_ID/start|reward|finish"
+        + (f" (idle rollouts time out after {idle:g} s)" if idle else ""),
+        err=True,
+    )
+    where = (
+        describe_location(settings.store) if is_postgres_location(settings.store) else Path(settings.store).resolve()
+    )
+    typer.echo(f"  recording into {where}; Ctrl-C stops", err=True)
+
+
+def _serve_workers(settings: _ServeSettings, workers: int) -> None:
+    """Run `workers` proxy processes on one port (SO_REUSEPORT) until Ctrl-C / SIGTERM, and stop them all.
+
+    Each worker is a whole `serve` (its own LiteLLM proxy, remote-sampler client and store
+    connection); the kernel spreads connections across them and stops sending any to one that
+    exited, so the others keep serving every rollout (their token caches refill from the store).
+    """
+    import multiprocessing
+    import queue
+    import signal
+
+    from agl_bridge.proxy.server import ProxyStartError, bind_socket, choose_api_key
+
+    try:
+        key, generated = choose_api_key(settings.host, settings.api_key)
+        port = settings.port
+        if port == 0:  # every worker must bind the same port: choose it here
+            with bind_socket(settings.host, 0) as probe:
+                port = probe.getsockname()[1]
+    except ProxyStartError as exc:
+        _fail(str(exc))
+    shared = dataclasses.replace(settings, api_key=key, port=port, reuse_port=True)
+    context = multiprocessing.get_context("spawn")
+    ready: Any = context.Queue()
+    processes = [
+        context.Process(target=_serve_worker, args=(shared, index, ready), name=f"agl-serve-{index}", daemon=True)
+        for index in range(workers)
+    ]
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop the workers on SIGTERM too
+    try:
+        for process in processes:
+            process.start()
+        answered: list[tuple[str, str]] = []
+        while len(answered) < workers:
+            try:
+                answered.append(ready.get(timeout=1.0))
+            except queue.Empty:
+                if any(not p.is_alive() for p in processes):
+                    _fail("a serve worker exited while starting (its error is above); stopped the others", code=1)
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        _announce(shared, answered[0][1], f"http://{host}:{port}", key, generated, workers)
+        exited: set[int] = set()
+        while len(exited) < workers:
+            for index, process in enumerate(processes):
+                process.join(timeout=0.5)
+                if index not in exited and not process.is_alive():
+                    exited.add(index)
+                    left = workers - len(exited)
+                    typer.echo(
+                        f"serve worker {index} (pid {process.pid}) exited with code {process.exitcode}; "
+                        f"{left} still serve{'s' if left == 1 else ''} on port {port}",
+                        err=True,
+                    )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            process.join(timeout=30)
+
+
+def _serve_worker(settings: _ServeSettings, index: int, ready: Any) -> None:
+    """One `--workers` process: serve until the parent stops it; dies with the parent (Linux)."""
+    import signal
+
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphan workers
+    except (OSError, AttributeError):
+        pass
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        _serve_one(settings, lambda ready_server, path: ready.put((ready_server.base_url, str(path))))
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
 
 
 @app.command("train")

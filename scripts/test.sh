@@ -3,7 +3,7 @@
 # (slow end-to-end tests included), after the lint/type gate. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev
+bash scripts/setup.sh dev,postgres,ray  # store tests on PostgreSQL too (a throwaway server); the Ray runner's
 bash scripts/lint.sh
 export LITELLM_LOCAL_MODEL_COST_MAP=True HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export CREWAI_DISABLE_TELEMETRY=true CREWAI_DISABLE_TRACKING=true CREWAI_TRACING_ENABLED=false CREWAI_TESTING=true

@@ -51,6 +51,29 @@ def tiny_tokenizer(tiny_model_dir: Path):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL server for the session (`agl_bridge.testing.postgres`); skips saying why if none."""
+    from agl_bridge.testing.postgres import PostgresUnavailable, start_postgres
+
+    try:
+        server = start_postgres()
+    except PostgresUnavailable as exc:
+        pytest.skip(f"no PostgreSQL server can run here: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server) -> str:
+    """The URL of a new, empty store location (a schema of its own) on the session's PostgreSQL server."""
+    import uuid
+
+    return postgres_server.create_schema(f"t_{uuid.uuid4().hex[:12]}")
+
+
 @pytest.fixture
 def store_path(tmp_path: Path) -> Path:
     """Where the test's store file lives."""

@@ -263,6 +263,19 @@ class ChatCodec:
         assert token_cache is not None  # entries are only non-empty with a cache
         return self._encode_with_cache(text, messages, template_msgs, tools, kwargs, token_cache, entries)
 
+    def knows_every_response(self, messages: list[dict[str, Any]], token_cache: TokenCache) -> bool:
+        """Whether every assistant message of `messages` (normalised) is a response `token_cache` remembers.
+
+        False means the cache may be behind the conversation: another proxy sampled a turn, or this
+        one restarted. Messages the agent wrote itself also answer False; the caller's catch-up then
+        finds nothing new.
+        """
+        wanted = [msg for msg in messages if msg["role"] == "assistant"]
+        if not wanted:
+            return True
+        known = {self._entry_signature(entry) for entry in token_cache.entries()}
+        return all(_message_signature(m.get("content"), m.get("tool_calls") or []) in known for m in wanted)
+
     def _encode_with_cache(
         self,
         text: str,

@@ -60,6 +60,9 @@ class TokenCache:
         self.max_tokens = max_tokens
         self._entries: OrderedDict[tuple[int, ...], CachedResponse] = OrderedDict()
         self._num_tokens = 0
+        self.store_sequence = -1
+        """The store sequence up to which this rollout's calls are all remembered (-1: none); kept by the
+        proxy, which refills the cache from the store's later calls when it is behind."""
         self._seq = 0
         self._lock = threading.Lock()
 

@@ -46,9 +46,12 @@ from agl_bridge.proxy.recording import CallRecorder
 from agl_bridge.proxy.request import RequestError
 from agl_bridge.proxy.responses import make_responses_router
 from agl_bridge.proxy.service import PASSED_FIELDS, ChatService
+from agl_bridge.proxy.token_history import StoreTokenHistory
 from agl_bridge.sampler.base import TokenSampler
 from agl_bridge.store.base import Store
 from agl_bridge.store.errors import StoreError
+from agl_bridge.store.location import is_postgres_location, store_at
+from agl_bridge.store.postgres import PostgresStore
 from agl_bridge.store.sqlite import SQLiteStore
 
 logger = logging.getLogger(__name__)
@@ -101,14 +104,20 @@ def choose_api_key(host: str, api_key: str | None) -> tuple[str, bool]:
     return "sk-agl-" + secrets.token_urlsafe(24), True
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening socket on (host, port), port 0 picking a free one; a clear error if it is taken."""
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A listening socket on (host, port), port 0 picking a free one; a clear error if it is taken.
+
+    reuse_port: several processes listen on the same port (SO_REUSEPORT) and the kernel spreads new
+    connections across them (`agl-bridge serve --workers N`); a process that exits stops getting any.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto must say TCP: asyncio sets TCP_NODELAY only on accepted sockets whose proto is
     # IPPROTO_TCP (and they inherit it from this one). With proto 0, Nagle holds back the response
     # body (a second small write) until the client's delayed ACK: +40 ms on every response.
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as error:
@@ -167,7 +176,7 @@ def litellm_config(served: list[str], api_key: str, user_config: Path | None = N
 
 
 class ProxyServer:
-    """The proxy over one sampler, recording into a SQLite store."""
+    """The proxy over one sampler, recording into a store (a SQLite file or a PostgreSQL database)."""
 
     _claimed = False
     _claim_lock = threading.Lock()
@@ -186,24 +195,26 @@ class ProxyServer:
         default_max_tokens: int = 1024,
         rollout_idle_timeout_s: float | None = None,
         max_request_bytes: int | None = None,
+        reuse_port: bool = False,
     ) -> None:
         if rollout_idle_timeout_s is not None and not rollout_idle_timeout_s > 0:
             raise ProxyStartError(f"the rollout idle timeout must be > 0 seconds, got {rollout_idle_timeout_s!r}")
         self.rollout_idle_timeout_s = rollout_idle_timeout_s
         self.sampler = sampler
         self.codec = ChatCodec(tokenizer)
-        self.store_path = Path(store_path)
+        # A SQLite file path, or a PostgreSQL URL (kept as text: a Path would fold its '//').
+        self.store_path: Path | str = store_path if is_postgres_location(store_path) else Path(store_path)
         self.model_name = model_name
         self.host = host
         self.api_key, self.generated_key = choose_api_key(host, api_key)
-        self._socket = bind_socket(host, port)
+        self._socket = bind_socket(host, port, reuse_port=reuse_port)
         self.port = self._socket.getsockname()[1]
         self._user_config = None if litellm_config_path is None else Path(litellm_config_path)
         self.default_max_tokens = default_max_tokens
         if max_request_bytes is not None and max_request_bytes < 1:
             raise ProxyStartError(f"the request body limit must be at least 1 byte, got {max_request_bytes}")
         self.max_request_bytes = max_request_bytes or _default_limit(self.codec, sampler)
-        self.store: SQLiteStore | None = None
+        self.store: SQLiteStore | PostgresStore | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._uvicorn: Any = None
         self._thread: threading.Thread | None = None
@@ -282,7 +293,7 @@ class ProxyServer:
         from agl_bridge.tracing import StoreSink, make_traces_router, set_reward_sink
 
         self.loop = asyncio.get_running_loop()
-        self.store = SQLiteStore(self.store_path)
+        self.store = store_at(self.store_path)
         await self.store.open()
         previous_sink = set_reward_sink(StoreSink(self.store, self.loop))
         try:
@@ -292,6 +303,7 @@ class ProxyServer:
                 codec=self.codec,
                 recorder=recorder,
                 model_name=self.model_name,
+                history=StoreTokenHistory(self.store),
                 default_max_tokens=self.default_max_tokens,
                 max_samples_per_request=getattr(self.sampler, "max_batch_size", 64),
             )
@@ -337,7 +349,7 @@ class ProxyServer:
             if self._config_dir is not None:
                 shutil.rmtree(self._config_dir, ignore_errors=True)
 
-    def _open_store(self) -> SQLiteStore:
+    def _open_store(self) -> SQLiteStore | PostgresStore:
         if self.store is None:
             raise RuntimeError("the proxy's store is not open")
         return self.store

@@ -27,6 +27,7 @@ from agl_bridge.chat import (
 from agl_bridge.proxy.recording import CallRecorder
 from agl_bridge.proxy.request import ChatRequest, ChatResult, ChoiceResult, RequestError, RolloutRoute
 from agl_bridge.proxy.streaming import ChoiceStreamer, StreamDelta
+from agl_bridge.proxy.token_history import StoreTokenHistory, recorded
 from agl_bridge.sampler.base import (
     ContextLengthError,
     SampleResult,
@@ -80,6 +81,7 @@ class ChatService:
         recorder: CallRecorder,
         model_name: str,
         token_caches: TokenCacheRegistry | None = None,
+        history: StoreTokenHistory | None = None,
         default_max_tokens: int = 1024,
         max_samples_per_request: int = 64,
     ) -> None:
@@ -88,6 +90,7 @@ class ChatService:
         self.recorder = recorder
         self.model_name = model_name
         self.token_caches = token_caches or TokenCacheRegistry(codec.tokenizer)
+        self.history = history
         self.default_max_tokens = default_max_tokens
         self.max_samples_per_request = max_samples_per_request
         self.thinking_switch = THINKING_SWITCH in str(getattr(codec.tokenizer, "chat_template", None) or "")
@@ -164,6 +167,7 @@ class ChatService:
     async def complete(self, request: ChatRequest, route: RolloutRoute, *, started: float | None = None) -> ChatResult:
         """Sample all choices, record them durably, and return the result (`started`: the recorded start time)."""
         started = time.time() if started is None else started
+        await self._catch_up(request, route)
         prompt = await self._encode(request, route)
         try:
             sampled = await self.sampler.sample_async(prompt.token_ids, request.params, request.n)
@@ -181,6 +185,7 @@ class ChatService:
         it is certain, so the deltas joined are exactly the final message content.
         """
         started = time.time() if started is None else started
+        await self._catch_up(request, route)
         prompt = await self._encode(request, route)
         yield prompt
         streamers = [
@@ -200,6 +205,14 @@ class ChatService:
             raise RequestError(str(error), "messages", code="context_length_exceeded") from None
         assert sampled is not None
         yield await self._finish(request, route, prompt, sampled, started, streamers)
+
+    async def _catch_up(self, request: ChatRequest, route: RolloutRoute) -> None:
+        """Refill the rollout's token cache from the store if the conversation holds turns it has not seen."""
+        if self.history is None or route.cache_key is None or route.rollout_id is None:
+            return
+        cache = self.token_caches.get(route.cache_key)
+        if not self.codec.knows_every_response(request.messages, cache):
+            await self.history.catch_up(cache, route.rollout_id, route.attempt_id)
 
     async def _encode(self, request: ChatRequest, route: RolloutRoute) -> PromptEncoding:
         """The prompt's ids; a large prompt is encoded in a worker thread, one that cannot fit is refused
@@ -258,6 +271,8 @@ class ChatService:
             for choice in choices:
                 cache.remember(choice.sequence.tokens, prompt_token_ids=result.prompt_token_ids)
         result.sequences = await self.recorder.record(request, route, self.model_name, result, started)
+        if cache is not None:
+            recorded(cache, result.sequences)
         for streamer, choice in zip(streamers, choices, strict=False):
             streamer.finish(choice.message)
             result.final_pieces.append(streamer.final_piece())

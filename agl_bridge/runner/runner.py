@@ -232,10 +232,10 @@ def run_rollouts(
     config: RunnerConfig | None = None,
 ) -> list[RolloutOutcome]:
     """Run the agent from synchronous code: opens the store, runs all rollouts, closes the store."""
-    from agl_bridge.store.sqlite import SQLiteStore
+    from agl_bridge.store.location import store_at
 
     async def main() -> list[RolloutOutcome]:
-        async with SQLiteStore(store_path) as store:
+        async with store_at(store_path) as store:
             runner = Runner(agent, server_url=server_url, api_key=api_key, model=model, store=store, config=config)
             try:
                 return await runner.run(tasks)

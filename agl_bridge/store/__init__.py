@@ -13,9 +13,12 @@ from agl_bridge.store.errors import (
     StoreConflictError,
     StoreError,
     StoreSchemaError,
+    StoreUnavailableError,
     StoreWriteError,
     TaskConflictError,
 )
+from agl_bridge.store.location import is_postgres_location, store_at
+from agl_bridge.store.postgres import PostgresStore
 from agl_bridge.store.schema import SCHEMA_VERSION
 from agl_bridge.store.sqlite import SQLiteStore
 
@@ -25,6 +28,7 @@ __all__ = [
     "AttemptNotFoundError",
     "DuplicateRecordError",
     "InvalidTransitionError",
+    "PostgresStore",
     "RolloutNotFoundError",
     "SQLiteStore",
     "Store",
@@ -32,6 +36,9 @@ __all__ = [
     "StoreConflictError",
     "StoreError",
     "StoreSchemaError",
+    "StoreUnavailableError",
     "StoreWriteError",
     "TaskConflictError",
+    "is_postgres_location",
+    "store_at",
 ]

@@ -14,6 +14,7 @@ __all__ = [
     "StoreConflictError",
     "StoreError",
     "StoreSchemaError",
+    "StoreUnavailableError",
     "StoreWriteError",
     "TaskConflictError",
 ]
@@ -49,6 +50,27 @@ def _advice(reason: str) -> str:
     if "readonly" in lowered or "read-only" in lowered:
         return "make the file and its directory writable by this user and retry"
     return "check the file system and retry; the records were not written"
+
+
+class StoreUnavailableError(StoreWriteError):
+    """The store's database server cannot be reached (down, restarting, network); nothing was written.
+
+    The store reconnects on its next use, so a caller retries once the server is back (the proxy
+    answers 503 `store_unavailable` meanwhile).
+    """
+
+    def __init__(self, where: str, cause: BaseException | str) -> None:
+        reason = _first_line(str(cause)) or type(cause).__name__
+        StoreError.__init__(
+            self,
+            f"store {where} is unreachable ({reason}); nothing was written: retry once the database server is back",
+        )
+        self.path = where
+        self.cause = cause if isinstance(cause, BaseException) else StoreError(cause)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0].strip() if text.strip() else ""
 
 
 class StoreClosedError(StoreError):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from agl_bridge.store.sqlite_rollouts import register_key
+from agl_bridge.store.rollout_rules import register_key
 
 SCHEMA_VERSION = 2
 """Bump when the layout changes; files of another version are refused with StoreSchemaError."""

@@ -33,8 +33,8 @@ from agl_bridge.store.errors import (
     StoreWriteError,
 )
 from agl_bridge.store.group_commit import Failure
+from agl_bridge.store.rollout_rules import check_open, register_key
 from agl_bridge.store.schema import SchemaMismatch, ensure_schema
-from agl_bridge.store.sqlite_rollouts import check_open, register_key
 from agl_bridge.store.sqlite_rows import LLM_CALL_COLUMNS, REWARD_COLUMNS, SPAN_COLUMNS
 
 SYNCHRONOUS_MODES = ("NORMAL", "FULL")
@@ -330,20 +330,22 @@ class SQLiteWriter:
         try:
             inserted = conn.execute(_INSERTS[table], row).rowcount
         except sqlite3.IntegrityError:
-            what = _RECORD_NAMES[table]
-            choice = f", choice {op.rest[0]}" if table == "llm_calls" else ""
-            return Failure(
-                DuplicateRecordError(
-                    f"a {what} already holds rollout {op.rollout_key or None!r}, attempt "
-                    f"{op.attempt_key or None!r}, sequence {op.sequence}{choice}; sequences come from "
-                    "next_sequence() and each may be used once (leave sequence=None to have one allocated)"
-                )
-            )
+            return Failure(slot_taken(op))
         if inserted:
             return op.sequence
         # The same span was stored before: report the sequence it was stored under.
         (sequence,) = conn.execute(f"SELECT sequence FROM {table} WHERE span_id = ?", (op.span_id,)).fetchone()
         return sequence
+
+
+def slot_taken(op: RecordOp) -> DuplicateRecordError:
+    """The error of a record whose (rollout, attempt, sequence[, choice]) slot another record holds."""
+    choice = f", choice {op.rest[0]}" if op.table == "llm_calls" else ""
+    return DuplicateRecordError(
+        f"a {_RECORD_NAMES[op.table]} already holds rollout {op.rollout_key or None!r}, attempt "
+        f"{op.attempt_key or None!r}, sequence {op.sequence}{choice}; sequences come from "
+        "next_sequence() and each may be used once (leave sequence=None to have one allocated)"
+    )
 
 
 def _refusal(conn: sqlite3.Connection, op: RecordOp) -> Failure | None:

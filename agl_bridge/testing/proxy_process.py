@@ -47,7 +47,7 @@ class ProxyProcess:
     process: subprocess.Popen[str]
     base_url: str
     api_key: str
-    store: Path
+    store: Path | str
 
     def rollout_url(self, rollout_id: str, attempt_id: str) -> str:
         """The OpenAI base URL of one rollout attempt."""
@@ -70,7 +70,7 @@ class ProxyProcess:
 
 
 def start_proxy(
-    store: Path,
+    store: Path | str,
     model_dir: Path,
     *,
     sampler: str = "instant",
@@ -78,8 +78,20 @@ def start_proxy(
     tokens: int = 8,
     api_key: str = "sk-reliability",
     max_request_bytes: int | None = None,
+    log_dir: Path | None = None,
+    port: int = 0,
 ) -> ProxyProcess:
-    """Start `agl_bridge.testing.serve` on a free port and wait until it answers; the caller must `stop()` it."""
+    """Start `agl_bridge.testing.serve` on a free port and wait until it answers; the caller must `stop()` it.
+
+    store: a SQLite file (the log goes next to it) or a PostgreSQL URL (give `log_dir`).
+    """
+    if isinstance(store, str):
+        if log_dir is None:
+            raise ValueError("a proxy on a PostgreSQL store needs log_dir (where its log goes)")
+        log_path = log_dir / f"proxy-{port or 'any'}-{time.monotonic_ns()}.log"
+    else:
+        log_dir = store.parent
+        log_path = store.parent / f"{store.stem}.proxy.log"
     command = [
         sys.executable,
         "-m",
@@ -96,13 +108,15 @@ def start_proxy(
         str(tokens),
         "--key",
         api_key,
+        "--port",
+        str(port),
     ]
     if max_request_bytes is not None:
         command += ["--max-request-bytes", str(max_request_bytes)]
-    log = (store.parent / f"{store.stem}.proxy.log").open("a")
+    log = log_path.open("a")
     env = child_env()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_PARENT), env.get("PYTHONPATH")]))
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=store.parent)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=log_dir)
     log.close()
     assert process.stdout is not None
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -114,7 +128,7 @@ def start_proxy(
                 return ProxyProcess(process, f"http://127.0.0.1:{port}", api_key, store)
             if not line and process.poll() is not None:
                 break
-        log_text = (store.parent / f"{store.stem}.proxy.log").read_text()[-3000:]
+        log_text = log_path.read_text()[-3000:]
         raise AssertionError(f"the proxy subprocess did not start (exit code {process.poll()}):\n{log_text}")
     except BaseException:
         process.kill()

@@ -18,6 +18,7 @@ import yaml
 
 from agl_bridge.errors import ConfigError
 from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError
+from agl_bridge.store.location import is_postgres_location
 from agl_bridge.train.advantages import AdvantageEstimator
 from agl_bridge.train.client import DEFAULT_MAX_BATCH_TOKENS
 from agl_bridge.train.correction import CorrectionLevel
@@ -154,6 +155,7 @@ class GRPOConfig:
     offline_data: str | None = None
     model: str = "tiny"
     run_dir: str = "runs/grpo"
+    store: str | None = None
     steps: int = 10
     batch_size: int = 8
     group_size: int = 4
@@ -190,6 +192,8 @@ class GRPOConfig:
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_staleness: int = 0
     concurrency: int = 16
+    runner: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
     rollout_timeout_s: float = 300.0
     max_attempts: int = 1
     default_max_tokens: int = 256
@@ -277,6 +281,13 @@ class GRPOConfig:
             value = getattr(self, name)
             if not (value is None and name == "rollout_correction") and value not in get_args(allowed):
                 raise ConfigError(f"{name} must be one of {', '.join(get_args(allowed))}, got {value!r}")
+        if self.runner not in ("local", "ray"):
+            raise ConfigError(
+                f'runner must be "local" (agents in this process) or "ray" (each attempt a Ray task), '
+                f"got {self.runner!r}"
+            )
+        if self.ray_address is not None and self.runner != "ray":
+            raise ConfigError('ray_address is the Ray cluster of runner = "ray"; set runner = "ray" or drop it')
         if self.kl_coef < 0:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.warm_start.steps < 0:
@@ -419,6 +430,10 @@ class GRPOConfig:
                 "(add the judge to the LiteLLM config named by litellm_config)"
             )
 
+    def store_location(self, run_dir: Path) -> str | Path:
+        """Where the run records: `store` (a SQLite file or a postgresql:// URL), by default run_dir/store.sqlite."""
+        return self.store or run_dir / "store.sqlite"
+
     def _validate_follow(self) -> None:
         follow = self.follow
         if self.mode != "follow":
@@ -502,8 +517,10 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GR
         value = merged.get(name)
         if isinstance(value, str) and value and not Path(value).is_absolute():
             merged[name] = str(base / value)  # before validation, which may read the file
+    if _relative_file(merged.get("store")):
+        merged["store"] = str(base / merged["store"])
     follow = merged.get("follow")
-    if isinstance(follow, dict) and isinstance(follow.get("store"), str) and not Path(follow["store"]).is_absolute():
+    if isinstance(follow, dict) and _relative_file(follow.get("store")):
         merged["follow"] = {**follow, "store": str(base / follow["store"])}
     dpo = merged.get("dpo")
     if (
@@ -582,3 +599,8 @@ def _check_types(values: dict[str, Any], schema: type, where: str) -> None:
 def config_to_dict(config: GRPOConfig) -> dict[str, Any]:
     """The config as plain data (saved next to the run for reproducibility)."""
     return dataclasses.asdict(config)
+
+
+def _relative_file(store: object) -> bool:
+    """Whether a `store` setting is a relative file path (resolved against the config's folder; a URL is not)."""
+    return isinstance(store, str) and bool(store) and not is_postgres_location(store) and not Path(store).is_absolute()

@@ -41,7 +41,7 @@ from agl_bridge.convert import ConversionReport, Trajectory, convert_store
 from agl_bridge.convert.policy import ConvertOptions, weighted_return
 from agl_bridge.proxy.server import ProxyServer
 from agl_bridge.store.base import Store
-from agl_bridge.store.sqlite import SQLiteStore
+from agl_bridge.store.location import describe_location, store_at
 from agl_bridge.train.advantages import constant_divisor, datums_for, group_advantages
 from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig
@@ -93,7 +93,7 @@ def train_follow(config: GRPOConfig, log: RunLog, *, resume: bool, warm_start_pa
         # The served weights are the trainer's from here on (a server we attach to may hold another run's).
         version = int(state["policy_version"]) if state is not None else sampler.policy_version
         client.save_weights_and_get_sampling_client(version=version)
-        store_path = Path(follow.store) if follow.store else run_dir / "store.sqlite"
+        store_path = follow.store or config.store_location(run_dir)
         if follow.store is None:
             proxy = ProxyServer(
                 sampler=sampler,
@@ -109,8 +109,9 @@ def train_follow(config: GRPOConfig, log: RunLog, *, resume: bool, warm_start_pa
             ).start()
             _announce(proxy, run_dir, log)
         else:
-            log.say(f"following the store {store_path}; new weights go to {', '.join(config.sampler_urls)}")
-        loop = FollowLoop(config, client, store_path, log, where=proxy.base_url if proxy else str(store_path))
+            where = describe_location(store_path)
+            log.say(f"following the store {where}; new weights go to {', '.join(config.sampler_urls)}")
+        loop = FollowLoop(config, client, store_path, log, where=proxy.base_url if proxy else where)
         summary = asyncio.run(loop.run(state, version))
         client.save_weights_for_sampler(run_dir / "final_adapter")
     finally:
@@ -138,7 +139,7 @@ def _announce(proxy: ProxyServer, run_dir: Path, log: RunLog) -> None:
 class FollowLoop:
     """The follow loop over one store (module doc): wait for groups, train, sync, evaluate, checkpoint."""
 
-    def __init__(self, config: GRPOConfig, client: TrainingClient, store_path: Path, log: RunLog, *, where: str):
+    def __init__(self, config: GRPOConfig, client: TrainingClient, store_path: str | Path, log: RunLog, *, where: str):
         self.config = config
         self.client = client
         self.store_path = store_path
@@ -154,7 +155,7 @@ class FollowLoop:
         first_step = 0 if state is None else int(state["next_step"])
         since = time.time() if state is None else float(state["since"])
         self.summary.eval_start = None if state is None else state.get("eval_start")
-        async with SQLiteStore(self.store_path) as store:
+        async with store_at(self.store_path) as store:
             if state is not None:
                 released = await store.release_consumed(first_step)
                 if released:

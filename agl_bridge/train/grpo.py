@@ -53,7 +53,8 @@ from agl_bridge.runner import (
 )
 from agl_bridge.runner.recovery import fail_interrupted
 from agl_bridge.runner.runner import AgentFunction
-from agl_bridge.store.sqlite import SQLiteStore
+from agl_bridge.store.base import Store
+from agl_bridge.store.location import store_at
 from agl_bridge.train.advantages import (
     Advantage,
     AdvantageBatch,
@@ -182,7 +183,7 @@ class GRPOTrainer:
         proxy = ProxyServer(
             sampler=sampler,
             tokenizer=tokenizer,
-            store_path=self.run_dir / "store.sqlite",
+            store_path=config.store_location(self.run_dir),
             model_name=name,
             port=0,
             default_max_tokens=config.default_max_tokens,
@@ -224,7 +225,7 @@ class GRPOTrainer:
             )
             await judge.check()  # before any rollout runs
         summary = RunSummary(self.run_dir, 0, 0.0, None, None)
-        async with SQLiteStore(self.run_dir / "store.sqlite") as store:
+        async with store_at(config.store_location(self.run_dir)) as store:
             runner = self._runner(proxy, store, config.group_size)
             evaluator = self._runner(proxy, store, config.eval_group_size)
             evaluate = functools.partial(evaluate_held_out, evaluator, self.eval_tasks, store, options, log)
@@ -339,7 +340,7 @@ class GRPOTrainer:
         return summary
 
     async def _trainer_rewards(
-        self, trajectories: list[Trajectory], store: SQLiteStore, options: ConvertOptions, judge: GroupJudge | None
+        self, trajectories: list[Trajectory], store: Store, options: ConvertOptions, judge: GroupJudge | None
     ) -> tuple[list[Trajectory], dict[str, Any]]:
         """Add the judge's scores and the shaping penalties to the step's trajectories (and the store).
 
@@ -362,21 +363,25 @@ class GRPOTrainer:
             await add_rewards(added.values(), options, store)
         return trajectories, fields
 
-    def _runner(self, proxy: ProxyServer, store: SQLiteStore, group_size: int) -> Runner:
+    def _runner(self, proxy: ProxyServer, store: Store, group_size: int) -> Runner:
         config = self.config
-        return Runner(
-            self.agent,
-            server_url=proxy.base_url,
-            api_key=proxy.api_key,
-            model=proxy.model_name,
-            store=store,
-            config=RunnerConfig(
+        settings: dict[str, Any] = {
+            "server_url": proxy.base_url,
+            "api_key": proxy.api_key,
+            "model": proxy.model_name,
+            "store": store,
+            "config": RunnerConfig(
                 group_size=group_size,
                 concurrency=config.concurrency,
                 timeout_s=config.rollout_timeout_s,
                 retry=RetryPolicy(max_attempts=config.max_attempts),
             ),
-        )
+        }
+        if config.runner == "ray":  # each attempt a Ray task; the store stays written from here
+            from agl_bridge.runner.ray_runner import RayRunner
+
+            return RayRunner(self.agent, ray_address=config.ray_address, **settings)
+        return Runner(self.agent, **settings)
 
 
 class SampleAhead:
@@ -414,7 +419,7 @@ class SampleAhead:
 async def evaluate_held_out(
     evaluator: Runner,
     tasks: Sequence[Any],
-    store: SQLiteStore,
+    store: Store,
     options: ConvertOptions,
     log: RunLog,
     *,

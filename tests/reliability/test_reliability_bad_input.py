@@ -140,6 +140,8 @@ BAD_CONFIGS = [
     ({"warm_start": {"stepz": 1}}, "warm_start.stepz"),
     ({"reward_weights": {"a": "heavy"}}, "reward_weights"),
     ({"tensorboard": "yes"}, "tensorboard"),
+    ({"runner": "slurm"}, "runner"),
+    ({"ray_address": "auto"}, "ray_address"),
 ]
 
 

@@ -50,7 +50,26 @@ SQL_INTERPOLATIONS: dict[str, set[str]] = {
         "self._synchronous",
     },  # checked against SYNCHRONOUS_MODES in __init__
     "store/schema.py": {"VERSION_TABLE", "_ATTEMPTS_DDL"},
-    "store/sqlite_rollouts.py": {"ROLLOUT_SELECT", "ATTEMPT_SELECT", "assignments"},  # assignments: fixed column names
+    "store/rollout_rules.py": {"ROLLOUT_SELECT", "ATTEMPT_SELECT", "assignments"},  # assignments: fixed column names
+    "store/batched.py": {"ROLLOUT_SELECT", "ATTEMPT_SELECT", "self._creation_order"},
+    "store/postgres_schema.py": {"VERSION_TABLE", "_ID"},
+    # The PostgreSQL writer: record tables and column lists from sqlite_rows, `%b` array placeholders.
+    "store/postgres_writer.py": {"table", "op.table", "', '.join(columns)", "arrays", "placeholders"},
+    "store/postgres.py": {
+        "ROLLOUT_SELECT",
+        "ATTEMPT_SELECT",
+        "REWARD_SELECT",
+        "_CALL_ORDER",
+        "_RECORD_ORDER",
+        "attributed",
+        "call_select",
+        "select",
+        "table",
+        "sql",
+        "order",
+        "CHANGE_CHANNEL",
+    },
+    "testing/postgres.py": {"name"},  # a database or schema name a test or benchmark chose
     "store/sqlite.py": {
         "ROLLOUT_SELECT",
         "ATTEMPT_SELECT",

@@ -1,7 +1,8 @@
 """What every store backend must do for rollouts we do not launch, parametrized by backend.
 
-A second backend (PostgreSQL) joins by adding its factory to `BACKENDS`: each test then runs on it
-too. Only the public `Store` API is used here.
+Each test runs on every backend in `BACKENDS` (SQLite in a temporary file, PostgreSQL in a new
+database of the session's throwaway server; skipped, saying why, where none can run). Only the
+public `Store` API is used here.
 """
 
 from __future__ import annotations
@@ -17,19 +18,23 @@ import pytest
 from agl_bridge.store import (
     AttemptFinishedError,
     AttemptNotFoundError,
+    PostgresStore,
     SQLiteStore,
     Store,
     TaskConflictError,
 )
 from agl_bridge.types import AttemptStatus, LLMCall, Reward, RolloutOrigin, RolloutStatus, RolloutTask
 
-BACKENDS: dict[str, Callable[[Path], Any]] = {"sqlite": lambda folder: SQLiteStore(folder / "contract.db")}
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], Any]] = {
+    "sqlite": lambda request, folder: SQLiteStore(folder / "contract.db"),
+    "postgresql": lambda request, folder: PostgresStore(request.getfixturevalue("postgres_dsn")),
+}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     """An open store of each backend."""
-    async with BACKENDS[request.param](tmp_path) as opened:
+    async with BACKENDS[request.param](request, tmp_path) as opened:
         yield opened
 
 

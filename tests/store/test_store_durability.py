@@ -24,6 +24,7 @@ def count_rows(path: Path, table: str = "llm_calls") -> int:
         return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
 
 
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)  # it reads the file back with sqlite3
 async def test_concurrent_writes_are_group_committed_and_visible_once_awaited(
     store: SQLiteStore, store_path: Path, make_call: Callable[..., LLMCall]
 ) -> None:

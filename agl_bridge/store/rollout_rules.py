@@ -1,8 +1,12 @@
-"""The rollout and attempt state machine as SQL, run inside the store's write transaction.
+"""The rollout and attempt state machine as SQL, run inside a store's write transaction, by every backend.
 
-Each function reads the current state and writes the new one inside the writer's open IMMEDIATE
-transaction, which holds SQLite's write lock, so check-then-update is atomic even with several
-processes writing the same file.
+Each function reads the current state and writes the new one inside the writer's open
+transaction, which makes check-then-update atomic even with several processes writing: SQLite's
+writer holds the file's write lock (BEGIN IMMEDIATE); PostgreSQL's holds the store's state lock (an
+advisory transaction lock every state-changing batch takes first, `postgres_writer.py`). The SQL
+is the dialect both share, with `?` placeholders (the PostgreSQL writer's connection adapter turns
+them into `%s`); a connection is anything with `execute(sql, params)` returning a cursor
+(`SqlConnection`).
 
 Rollouts we do not launch (origin 'external') live by these rules:
   - `register_key`: the first record under a (rollout, attempt) the store has no row for registers
@@ -17,8 +21,8 @@ Rollouts we do not launch (origin 'external') live by these rules:
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 from agl_bridge.store.codec import encode_json
 from agl_bridge.store.errors import AttemptFinishedError, AttemptNotFoundError, RolloutNotFoundError, TaskConflictError
@@ -33,13 +37,39 @@ from agl_bridge.types import (
     RolloutTask,
 )
 
+
+class SqlCursor(Protocol):
+    """What the rules read from a statement: its rows and how many rows it changed."""
+
+    @property
+    def rowcount(self) -> int:
+        """Rows the statement changed."""
+        ...
+
+    def fetchone(self) -> Any:
+        """The next row, or None."""
+        ...
+
+    def fetchall(self) -> list[Any]:
+        """Every remaining row."""
+        ...
+
+
+class SqlConnection(Protocol):
+    """A connection inside an open write transaction (sqlite3's, or the PostgreSQL writer's adapter)."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> SqlCursor:
+        """Run one statement with `?` placeholders."""
+        ...
+
+
 _FINAL = tuple(status.value for status in RolloutStatus if status.is_final)
 _EXTERNAL = RolloutOrigin.EXTERNAL.value
 _RUNNING = AttemptStatus.RUNNING.value
 
 
 def create_rollout(
-    conn: sqlite3.Connection,
+    conn: SqlConnection,
     rollout_id: str,
     task_json: str,
     group_id: str | None,
@@ -47,20 +77,19 @@ def create_rollout(
     now: float,
 ) -> Rollout:
     """Insert a queued rollout; ValueError if the id is taken."""
-    try:
-        conn.execute(
-            "INSERT INTO rollouts (rollout_id, group_id, status, task, metadata, attempts, created_at, updated_at) "
-            "VALUES (?, ?, ?, ?, ?, 0, ?, ?)",
-            (rollout_id, group_id, RolloutStatus.QUEUED.value, task_json, metadata_json, now, now),
-        )
-    except sqlite3.IntegrityError:
+    inserted = conn.execute(
+        "INSERT INTO rollouts (rollout_id, group_id, status, task, metadata, attempts, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, 0, ?, ?) ON CONFLICT (rollout_id) DO NOTHING",
+        (rollout_id, group_id, RolloutStatus.QUEUED.value, task_json, metadata_json, now, now),
+    ).rowcount
+    if not inserted:
         raise ValueError(
             f"a rollout with id {rollout_id!r} already exists; pick another id or leave it out to get a fresh one"
         ) from None
     return load_rollout(conn, rollout_id)
 
 
-def set_rollout_status(conn: sqlite3.Connection, rollout_id: str, status: RolloutStatus, now: float) -> Rollout:
+def set_rollout_status(conn: SqlConnection, rollout_id: str, status: RolloutStatus, now: float) -> Rollout:
     """Move a rollout to `status`; InvalidTransitionError naming both statuses if illegal."""
     current = _current_rollout_status(conn, rollout_id)
     current.check_transition(status, rollout_id)
@@ -68,7 +97,7 @@ def set_rollout_status(conn: sqlite3.Connection, rollout_id: str, status: Rollou
     return load_rollout(conn, rollout_id)
 
 
-def start_attempt(conn: sqlite3.Connection, rollout_id: str, attempt_id: str, now: float) -> Attempt:
+def start_attempt(conn: SqlConnection, rollout_id: str, attempt_id: str, now: float) -> Attempt:
     """Open the next attempt of a rollout and make the rollout `running` (from queued or running)."""
     current = _current_rollout_status(conn, rollout_id)
     if current is RolloutStatus.QUEUED:
@@ -91,7 +120,7 @@ def start_attempt(conn: sqlite3.Connection, rollout_id: str, attempt_id: str, no
 
 
 def finish_attempt(
-    conn: sqlite3.Connection,
+    conn: SqlConnection,
     attempt_id: str,
     status: AttemptStatus,
     error: str | None,
@@ -109,7 +138,7 @@ def finish_attempt(
     return load_attempt(conn, rollout_id, attempt_id)
 
 
-def find_attempt(conn: sqlite3.Connection, attempt_id: str, rollout_id: str | None) -> str:
+def find_attempt(conn: SqlConnection, attempt_id: str, rollout_id: str | None) -> str:
     """The rollout of an attempt: `rollout_id` if it has that attempt, else the one rollout that does.
 
     AttemptNotFoundError if none has it; ValueError if several do and no rollout was named (attempt
@@ -131,7 +160,7 @@ def find_attempt(conn: sqlite3.Connection, attempt_id: str, rollout_id: str | No
     return str(rows[0][0])
 
 
-def register_key(conn: sqlite3.Connection, rollout_id: str, attempt_id: str, now: float) -> None:
+def register_key(conn: SqlConnection, rollout_id: str, attempt_id: str, now: float) -> None:
     """Register the rollout and attempt of a record written under a key new to the store (module doc).
 
     `attempt_id` "" is a record of the rollout outside any attempt: only the rollout is registered.
@@ -163,7 +192,7 @@ def register_key(conn: sqlite3.Connection, rollout_id: str, attempt_id: str, now
     )
 
 
-def check_open(conn: sqlite3.Connection, rollout_id: str, attempt_id: str, refused: str) -> None:
+def check_open(conn: SqlConnection, rollout_id: str, attempt_id: str, refused: str) -> None:
     """Raise AttemptFinishedError (ending with `refused`) unless (rollout, attempt) is live: its attempt
     is running, or is new and its rollout is not finished."""
     row = conn.execute(
@@ -184,7 +213,7 @@ def check_open(conn: sqlite3.Connection, rollout_id: str, attempt_id: str, refus
 
 
 def register_attempt(
-    conn: sqlite3.Connection, rollout_id: str, attempt_id: str, task: RolloutTask | None, now: float
+    conn: SqlConnection, rollout_id: str, attempt_id: str, task: RolloutTask | None, now: float
 ) -> Rollout:
     """A harness starts (rollout, attempt), naming its task: registered as running if new (module doc)."""
     check_open(conn, rollout_id, attempt_id, "it cannot start again: run the task again under a new rollout id")
@@ -193,7 +222,7 @@ def register_attempt(
     return load_rollout(conn, rollout_id)
 
 
-def name_task(conn: sqlite3.Connection, rollout_id: str, task: RolloutTask | None, now: float) -> None:
+def name_task(conn: SqlConnection, rollout_id: str, task: RolloutTask | None, now: float) -> None:
     """Record the task a rollout works on (its group), its metadata and eval flag; TaskConflictError if another."""
     if task is None:
         return
@@ -218,7 +247,7 @@ def name_task(conn: sqlite3.Connection, rollout_id: str, task: RolloutTask | Non
 
 
 def complete_attempt(
-    conn: sqlite3.Connection,
+    conn: SqlConnection,
     rollout_id: str,
     attempt_id: str,
     status: AttemptStatus,
@@ -243,7 +272,7 @@ def complete_attempt(
     return load_rollout(conn, rollout_id)
 
 
-def settle_rollout(conn: sqlite3.Connection, rollout_id: str, outcome: AttemptStatus, now: float) -> None:
+def settle_rollout(conn: SqlConnection, rollout_id: str, outcome: AttemptStatus, now: float) -> None:
     """End a running rollout whose attempts are all finished: succeeded if one succeeded, else `outcome`."""
     row = conn.execute(
         "SELECT status, EXISTS (SELECT 1 FROM attempts WHERE rollout_id = ? AND status = ?), "
@@ -257,7 +286,7 @@ def settle_rollout(conn: sqlite3.Connection, rollout_id: str, outcome: AttemptSt
     conn.execute("UPDATE rollouts SET status = ?, updated_at = ? WHERE rollout_id = ?", (final.value, now, rollout_id))
 
 
-def expire_idle(conn: sqlite3.Connection, cutoff: float, now: float, error: str) -> list[tuple[str, str | None]]:
+def expire_idle(conn: SqlConnection, cutoff: float, now: float, error: str) -> list[tuple[str, str | None]]:
     """Time out the external rollouts with nothing recorded or requested since `cutoff`; returns (rollout, attempt)s.
 
     An attempt's last activity is its start or its newest record (`sequences.touched_at`); a rollout
@@ -266,8 +295,8 @@ def expire_idle(conn: sqlite3.Connection, cutoff: float, now: float, error: str)
     attempts = conn.execute(
         "SELECT a.rollout_id, a.attempt_id FROM attempts a JOIN rollouts r ON r.rollout_id = a.rollout_id "
         "LEFT JOIN sequences s ON s.rollout_key = a.rollout_id AND s.attempt_key = a.attempt_id "
-        "WHERE a.status = ? AND r.origin = ? AND max(a.started_at, coalesce(s.touched_at, 0)) < ?",
-        (_RUNNING, _EXTERNAL, cutoff),
+        "WHERE a.status = ? AND r.origin = ? AND a.started_at < ? AND coalesce(s.touched_at, 0) < ?",
+        (_RUNNING, _EXTERNAL, cutoff, cutoff),
     ).fetchall()
     for rollout_id, attempt_id in attempts:
         _close_attempt(conn, rollout_id, attempt_id, AttemptStatus.TIMED_OUT, error, None, now)
@@ -275,8 +304,8 @@ def expire_idle(conn: sqlite3.Connection, cutoff: float, now: float, error: str)
     bare = conn.execute(
         "SELECT r.rollout_id FROM rollouts r "
         "LEFT JOIN sequences s ON s.rollout_key = r.rollout_id AND s.attempt_key = '' "
-        "WHERE r.status = ? AND r.origin = ? AND r.attempts = 0 AND max(r.updated_at, coalesce(s.touched_at, 0)) < ?",
-        (RolloutStatus.RUNNING.value, _EXTERNAL, cutoff),
+        "WHERE r.status = ? AND r.origin = ? AND r.attempts = 0 AND r.updated_at < ? AND coalesce(s.touched_at, 0) < ?",
+        (RolloutStatus.RUNNING.value, _EXTERNAL, cutoff, cutoff),
     ).fetchall()
     for (rollout_id,) in bare:
         conn.execute(
@@ -286,7 +315,7 @@ def expire_idle(conn: sqlite3.Connection, cutoff: float, now: float, error: str)
     return [(r, a) for r, a in attempts] + [(r, None) for (r,) in bare]
 
 
-def mark_consumed(conn: sqlite3.Connection, rollout_ids: Sequence[str], step: int) -> int:
+def mark_consumed(conn: SqlConnection, rollout_ids: Sequence[str], step: int) -> int:
     """Mark rollouts as taken by training step `step` (those not taken already); returns how many."""
     marked = 0
     for rollout_id in rollout_ids:
@@ -296,12 +325,12 @@ def mark_consumed(conn: sqlite3.Connection, rollout_ids: Sequence[str], step: in
     return marked
 
 
-def release_consumed(conn: sqlite3.Connection, after_step: int) -> int:
+def release_consumed(conn: SqlConnection, after_step: int) -> int:
     """Forget what steps after `after_step` took (a run resumed from that checkpoint); returns how many."""
     return conn.execute("UPDATE rollouts SET consumed_step = NULL WHERE consumed_step > ?", (after_step,)).rowcount
 
 
-def _attempt_status(conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> AttemptStatus:
+def _attempt_status(conn: SqlConnection, rollout_id: str, attempt_id: str) -> AttemptStatus:
     row = conn.execute(
         "SELECT status FROM attempts WHERE rollout_id = ? AND attempt_id = ?", (rollout_id, attempt_id)
     ).fetchone()
@@ -309,7 +338,7 @@ def _attempt_status(conn: sqlite3.Connection, rollout_id: str, attempt_id: str) 
 
 
 def _close_attempt(
-    conn: sqlite3.Connection,
+    conn: SqlConnection,
     rollout_id: str,
     attempt_id: str,
     status: AttemptStatus,
@@ -324,20 +353,20 @@ def _close_attempt(
     )
 
 
-def _current_rollout_status(conn: sqlite3.Connection, rollout_id: str) -> RolloutStatus:
+def _current_rollout_status(conn: SqlConnection, rollout_id: str) -> RolloutStatus:
     row = conn.execute("SELECT status FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
     if row is None:
         raise RolloutNotFoundError(rollout_id)
     return RolloutStatus(row[0])
 
 
-def load_rollout(conn: sqlite3.Connection, rollout_id: str) -> Rollout:
+def load_rollout(conn: SqlConnection, rollout_id: str) -> Rollout:
     """The stored rollout (it must exist)."""
     row = conn.execute(f"SELECT {ROLLOUT_SELECT} FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
     return decode_rollout(row)
 
 
-def load_attempt(conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> Attempt:
+def load_attempt(conn: SqlConnection, rollout_id: str, attempt_id: str) -> Attempt:
     """The stored attempt (it must exist)."""
     row = conn.execute(
         f"SELECT {ATTEMPT_SELECT} FROM attempts WHERE rollout_id = ? AND attempt_id = ?", (rollout_id, attempt_id)
