@@ -14,7 +14,8 @@ from typing import Any
 
 from agl_bridge.proxy.request import RequestError
 
-_ANTHROPIC_ROLES = ("user", "assistant")
+# Claude Code (2.1) also sends "system" turns inside `messages`; LiteLLM's bridge renders them as system messages.
+_ANTHROPIC_ROLES = ("user", "assistant", "system")
 _BLOCK_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "text": {"text": (str,)},
     "image": {"source": (dict,)},
@@ -47,7 +48,8 @@ def check_anthropic(body: Mapping[str, Any]) -> None:
         _object(message, where)
         if message.get("role") not in _ANTHROPIC_ROLES:
             raise RequestError(
-                f"{where}.role must be 'user' or 'assistant', got {message.get('role')!r:.50}", f"{where}.role"
+                f"{where}.role must be 'user', 'assistant' or 'system', got {message.get('role')!r:.50}",
+                f"{where}.role",
             )
         _content(message.get("content"), f"{where}.content", required=True)
     max_tokens = body.get("max_tokens")

@@ -283,11 +283,19 @@ def check_response_format(body: Mapping[str, Any]) -> None:
         raise RequestError(message, "response_format")
 
 
+def _asks_for_nothing(value: object, neutral: object) -> bool:
+    """Whether a field's value asks for nothing: null, the neutral value, or an object of nulls (what
+    LiteLLM's Responses bridge makes of a hosted `web_search` tool that Codex CLI always lists)."""
+    if isinstance(value, dict) and value and all(item is None for item in value.values()):
+        return True
+    return value is None or value == neutral
+
+
 def refuse_unhonoured(body: Mapping[str, Any]) -> None:
     """Refuse a request that sets a sampling field the sampler does not implement (`UNHONOURED_FIELDS`)."""
     for name, neutral in UNHONOURED_FIELDS.items():
         value = body.get(name)
-        if value is not None and value != neutral:
+        if not _asks_for_nothing(value, neutral):
             raise RequestError(
                 f"{name} is not supported by this server's sampler (got {value!r:.100}); remove it"
                 + ("" if neutral is None else f" or set it to {neutral!r}"),
