@@ -60,6 +60,7 @@ def check_anthropic(body: Mapping[str, Any]) -> None:
     _optional(body, "metadata", _is(dict))
     _optional(body, "thinking", _is(dict))
     _optional(body, "tool_choice", _is(dict))
+    _anthropic_tool_choice(body.get("tool_choice"))
     _optional(body, "stream", _is(bool))
     _numbers(body, ("temperature", "top_p"), ("top_k",))
     tools = body.get("tools")
@@ -72,6 +73,19 @@ def check_anthropic(body: Mapping[str, Any]) -> None:
                 raise RequestError(f"tools.{i}.name must be a string", f"tools.{i}.name")
             _optional(tool, "input_schema", _is(dict), f"tools.{i}.")
             _optional(tool, "description", _is(str), f"tools.{i}.")
+
+
+def _anthropic_tool_choice(choice: Mapping[str, Any] | None) -> None:
+    """`tool_choice`: {"type": "auto" | "any" | "none"} or {"type": "tool", "name": ...}."""
+    if choice is None:
+        return
+    kind = choice.get("type")
+    if kind not in ("auto", "any", "none", "tool"):
+        raise RequestError(
+            f"tool_choice.type must be 'auto', 'any', 'none' or 'tool', got {kind!r:.50}", "tool_choice.type"
+        )
+    if kind == "tool" and not isinstance(choice.get("name"), str):
+        raise RequestError("tool_choice.name: the tool's name is required with type 'tool'", "tool_choice.name")
 
 
 def check_responses(body: Mapping[str, Any]) -> None:

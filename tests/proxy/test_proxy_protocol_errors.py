@@ -202,6 +202,11 @@ class _NoSampler:
     ("path", "body", "param"),
     [
         ("/v1/messages", {"model": MODEL, "messages": None, "max_tokens": 1}, "messages"),
+        (  # a 500 from LiteLLM's bridge before the check (found by the fuzzer)
+            "/v1/messages",
+            {"model": MODEL, "messages": [{"role": "user", "content": ""}], "max_tokens": 1, "tool_choice": {"": None}},
+            "tool_choice.type",
+        ),
         (
             "/v1/messages",
             {"model": MODEL, "messages": [{"role": "user", "content": 3}], "max_tokens": 1},
