@@ -201,7 +201,13 @@ anthropic_bodies = st.fixed_dictionaries(
             ),
             json_values,
         ),
-        "tool_choice": json_values,
+        "tool_choice": st.one_of(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["auto", "any", "none", "tool", "x"])},
+                optional={"name": st.from_regex(r"[a-z_]{1,8}", fullmatch=True)},
+            ),
+            json_values,
+        ),
         "metadata": json_values,
     },
 )
