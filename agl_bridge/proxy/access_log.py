@@ -58,15 +58,30 @@ async def logged(
     route: tuple[str, str | None, str | None],
 ) -> None:
     """Serve one HTTP request with `app` and log its line; `route` is (path, rollout, attempt) as the
-    front door read them."""
+    front door read them.
+
+    The line is logged just before the answer's last chunk goes out, so a client that has its answer
+    finds the line written; a request that ends without a complete answer (its client left) is logged
+    when it ends.
+    """
     started = time.perf_counter()
     tokens = RequestTokens()
     status = 0
+    pending = True
+
+    def log() -> None:
+        nonlocal pending
+        pending = False
+        path, rollout_id, attempt_id = route
+        line = access_line(scope["method"], path, rollout_id, attempt_id, status, tokens, time.perf_counter() - started)
+        ACCESS_LOGGER.info(line)
 
     async def noting_send(message: Message) -> None:
         nonlocal status
         if message["type"] == "http.response.start":
             status = message["status"]
+        elif message["type"] == "http.response.body" and not message.get("more_body", False) and pending:
+            log()
         await send(message)
 
     token = REQUEST_TOKENS.set(tokens)
@@ -74,9 +89,8 @@ async def logged(
         await app(scope, receive, noting_send)
     finally:
         REQUEST_TOKENS.reset(token)
-        path, rollout_id, attempt_id = route
-        line = access_line(scope["method"], path, rollout_id, attempt_id, status, tokens, time.perf_counter() - started)
-        ACCESS_LOGGER.info(line)
+        if pending:
+            log()
 
 
 def _printable(text: str) -> str:

@@ -63,16 +63,23 @@ def check_anthropic(body: Mapping[str, Any]) -> None:
     _anthropic_tool_choice(body.get("tool_choice"))
     _optional(body, "stream", _is(bool))
     _numbers(body, ("temperature", "top_p"), ("top_k",))
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise RequestError("tools must be a list of tool objects", "tools")
-        for i, tool in enumerate(tools):
-            _object(tool, f"tools.{i}")
-            if not isinstance(tool.get("name"), str):
-                raise RequestError(f"tools.{i}.name must be a string", f"tools.{i}.name")
-            _optional(tool, "input_schema", _is(dict), f"tools.{i}.")
-            _optional(tool, "description", _is(str), f"tools.{i}.")
+    for i, tool in _tools(body):
+        _name(tool, i)
+        _optional(tool, "input_schema", _is(dict), f"tools.{i}.")
+        _optional(tool, "description", _is(str), f"tools.{i}.")
+
+
+def _anthropic_tool_choice(choice: Mapping[str, Any] | None) -> None:
+    """`tool_choice`: {"type": "auto" | "any" | "none"} or {"type": "tool", "name": ...}."""
+    if choice is None:
+        return
+    kind = choice.get("type")
+    if kind not in ("auto", "any", "none", "tool"):
+        raise RequestError(
+            f"tool_choice.type must be 'auto', 'any', 'none' or 'tool', got {kind!r:.50}", "tool_choice.type"
+        )
+    if kind == "tool" and not isinstance(choice.get("name"), str):
+        raise RequestError("tool_choice.name: the tool's name is required with type 'tool'", "tool_choice.name")
 
 
 def _anthropic_tool_choice(choice: Mapping[str, Any] | None) -> None:
@@ -122,20 +129,31 @@ def check_responses(body: Mapping[str, Any]) -> None:
     _optional(body, "stream", _is(bool))
     _optional(body, "tool_choice", _is(str, dict))
     _numbers(body, ("temperature", "top_p"), ("max_output_tokens",))
+    for i, tool in _tools(body):
+        if not isinstance(tool.get("type"), str):
+            raise RequestError(f"tools.{i}.type must be a string", f"tools.{i}.type")
+        if tool["type"] != "function":
+            continue  # LiteLLM's bridge passes on or drops the tool kinds it knows
+        _name(tool, i)
+        _optional(tool, "parameters", _is(dict), f"tools.{i}.")
+        _optional(tool, "strict", _is(bool), f"tools.{i}.")
+
+
+def _tools(body: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:
+    """`tools` as (index, tool object) pairs, checked to be a list of objects (none when absent)."""
     tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise RequestError("tools must be a list of tool objects", "tools")
-        for i, tool in enumerate(tools):
-            _object(tool, f"tools.{i}")
-            if not isinstance(tool.get("type"), str):
-                raise RequestError(f"tools.{i}.type must be a string", f"tools.{i}.type")
-            if tool["type"] != "function":
-                continue  # LiteLLM's bridge passes on or drops the tool kinds it knows
-            if not isinstance(tool.get("name"), str):
-                raise RequestError(f"tools.{i}.name must be a string", f"tools.{i}.name")
-            _optional(tool, "parameters", _is(dict), f"tools.{i}.")
-            _optional(tool, "strict", _is(bool), f"tools.{i}.")
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise RequestError("tools must be a list of tool objects", "tools")
+    for i, tool in enumerate(tools):
+        _object(tool, f"tools.{i}")
+    return list(enumerate(tools))
+
+
+def _name(tool: Mapping[str, Any], index: int) -> None:
+    if not isinstance(tool.get("name"), str):
+        raise RequestError(f"tools.{index}.name must be a string", f"tools.{index}.name")
 
 
 def _content(content: object, where: str, *, required: bool) -> None:

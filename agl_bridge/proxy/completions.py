@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from agl_bridge import semconv
 from agl_bridge.proxy.errors import api_error, error_body
-from agl_bridge.proxy.request import RequestError, RolloutRoute, route_of_headers
+from agl_bridge.proxy.request import RequestError, RolloutRoute, flag_field, route_of_headers
 from agl_bridge.proxy.service import ChatService, refuse_unhonoured
 from agl_bridge.proxy.sse import SSE_DONE, SSE_HEADERS, sse_data, stream_options
 from agl_bridge.sampler.base import (
@@ -138,7 +138,7 @@ def _parse(service: ChatService, body: dict[str, Any]) -> _Completion:
         n,
         _optional_count(body, "logprobs"),
         prompt_logprobs,
-        bool(body.get("return_token_ids", False)),
+        flag_field(body, "return_token_ids"),
         stream,
         include_usage,
     )
@@ -358,7 +358,7 @@ def _params(service: ChatService, body: dict[str, Any]) -> SamplingParams:
         raise RequestError("stop must be a string or a list of strings", "stop")
     if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
         raise RequestError("stop_token_ids must be a list of integers", "stop_token_ids")
-    eos = [] if body.get("ignore_eos") else list(service.codec.stop_token_ids)
+    eos = [] if flag_field(body, "ignore_eos") else list(service.codec.stop_token_ids)
     params = SamplingParams(
         max_tokens=body.get("max_tokens", DEFAULT_MAX_TOKENS),
         temperature=body.get("temperature", 1.0),

@@ -12,7 +12,8 @@ In order, for an HTTP request:
 3. The ids (a 400 naming the header before any work is done), and the body: one larger than
    `max_body_bytes` is a 413 (refused by its declared length before it is read, or as soon as it
    grows past the limit), and a JSON body that is not an object is never valid (LiteLLM would crash
-   on it with a plain-text 500; a 400 here). The body is read whole here and replayed to the app.
+   on it with a plain-text 500; a 400 here). The body is read whole here and replayed to the app,
+   which is cancelled if its client leaves before the answer is complete (`disconnect`).
 4. The rollout becomes the sampler's affinity key while the request is served
    (`agl_bridge.sampler.affinity`), so a remote sampler keeps a rollout on one server.
 5. Dispatch: a chat completion for a served model goes to `chat_route.ChatRoute` (the hot RL path,
@@ -38,13 +39,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI
 from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agl_bridge import semconv
 from agl_bridge.proxy.access_log import ACCESS_LOGGER, logged
 from agl_bridge.proxy.anthropic_wire import with_anthropic_fields
 from agl_bridge.proxy.bridge_checks import check_bridged
 from agl_bridge.proxy.chat_route import CHAT_PATHS, ChatRoute
+from agl_bridge.proxy.disconnect import cancelled_on_disconnect
 from agl_bridge.proxy.errors import (
     AUTHENTICATION,
     ApiError,
@@ -177,7 +179,10 @@ class Gateway:
         if declared is not None and declared > self.max_body_bytes:
             await send_error(send, self._too_large(declared), protocol)
             return
-        receive, body = await _read_body(receive, self.max_body_bytes)
+        try:
+            body = await _read_body(receive, self.max_body_bytes)
+        except _ClientLeft:
+            return  # nobody to answer
         if body is None:
             await send_error(send, self._too_large(None), protocol)
             return
@@ -197,7 +202,8 @@ class Gateway:
                 await send_error(send, problem, protocol)
                 return
         served = self._served(scope, path, body)
-        with sampling_affinity(rollout):
+
+        async def dispatch(receive: Receive, send: Send) -> None:
             if served is not None and path in CHAT_PATHS:
                 assert self.chat is not None
                 service, parsed = served
@@ -207,6 +213,9 @@ class Gateway:
                 await self.own(scope, receive, send)
             else:
                 await self._litellm(scope, receive, with_word_codes(send), served, protocol)
+
+        with sampling_affinity(rollout):
+            await cancelled_on_disconnect(dispatch, {"type": "http.request", "body": body}, receive, send)
 
     async def _litellm(
         self,
@@ -354,29 +363,22 @@ def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
-async def _read_body(receive: Receive, limit: int) -> tuple[Receive, bytes | None]:
-    """Read the whole body (None once it grows past `limit`); a `receive` that replays it to the app."""
+class _ClientLeft(Exception):
+    """The client disconnected before its request body was complete."""
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole body, or None once it grows past `limit`; `_ClientLeft` if the client left while sending it."""
     chunks: list[bytes] = []
     size = 0
-    pending: list[Message] = []
     while True:
         message = await receive()
-        if message["type"] != "http.request":  # the client left: the app sees that after the body so far
-            pending.append(message)
-            break
+        if message["type"] != "http.request":
+            raise _ClientLeft
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            return receive, None
+            return None
         chunks.append(chunk)
         if not message.get("more_body", False):
-            break
-    body = b"".join(chunks)
-    pending.insert(0, {"type": "http.request", "body": body, "more_body": False})
-
-    async def replay() -> Message:
-        if pending:
-            return pending.pop(0)
-        return await receive()
-
-    return replay, body
+            return b"".join(chunks)

@@ -35,6 +35,18 @@ class RequestError(ValueError):
         self.status = status
 
 
+def flag_field(body: Mapping[str, Any], name: str) -> bool:
+    """A true/false request field (absent or null: false); a `RequestError` naming it for any other value.
+
+    A truthy string such as "yes" is refused, not read as true: `ignore_eos: "x"` would otherwise
+    ask for a sample as long as the context window.
+    """
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise RequestError(f"{name} must be true or false, got {value!r:.100}", name)
+    return bool(value)
+
+
 @dataclass
 class BridgedCall:
     """What the provider tells the front door about a served call LiteLLM bridges (Responses, Anthropic).

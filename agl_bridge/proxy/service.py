@@ -25,7 +25,7 @@ from agl_bridge.chat import (
     normalize_tools,
 )
 from agl_bridge.proxy.recording import CallRecorder
-from agl_bridge.proxy.request import ChatRequest, ChatResult, ChoiceResult, RequestError, RolloutRoute
+from agl_bridge.proxy.request import ChatRequest, ChatResult, ChoiceResult, RequestError, RolloutRoute, flag_field
 from agl_bridge.proxy.streaming import ChoiceStreamer, StreamDelta
 from agl_bridge.proxy.token_history import StoreTokenHistory, recorded
 from agl_bridge.sampler.base import (
@@ -122,9 +122,7 @@ class ChatService:
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         max_tokens = self.default_max_tokens if max_tokens is None else _int_field("max_tokens", max_tokens, minimum=1)
         stop_strings = _stop_strings(body.get("stop"))
-        logprobs = body.get("logprobs") or False
-        if not isinstance(logprobs, bool):
-            raise RequestError(f"logprobs must be true or false, got {logprobs!r}", "logprobs")
+        logprobs = flag_field(body, "logprobs")
         top_logprobs = _int_field("top_logprobs", _or_default(body, "top_logprobs", 0), minimum=0)
         if top_logprobs > MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {top_logprobs}", "top_logprobs")
@@ -157,7 +155,7 @@ class ChatService:
             stop_strings=stop_strings,
             logprobs=logprobs,
             top_logprobs=top_logprobs,
-            return_token_ids=bool(body.get("return_token_ids", False)),
+            return_token_ids=flag_field(body, "return_token_ids"),
             chat_template_kwargs=template_kwargs,
             text_chars=_text_chars(messages, tools),
         )

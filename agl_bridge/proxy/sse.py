@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from agl_bridge.proxy.request import RequestError
+from agl_bridge.proxy.request import RequestError, flag_field
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 """Headers of every event stream: nothing between the client and us may cache or buffer it."""
@@ -22,12 +22,10 @@ def sse_data(payload: Mapping[str, Any]) -> bytes:
 
 def stream_options(body: Mapping[str, Any]) -> tuple[bool, bool]:
     """(`stream`, `stream_options.include_usage`), validated."""
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise RequestError(f"stream must be true or false, got {stream!r:.100}", "stream")
+    stream = flag_field(body, "stream")
     options = body.get("stream_options")
     if options is None:
-        return bool(stream), False
+        return stream, False
     if not isinstance(options, dict):
         message = f'stream_options must be an object like {{"include_usage": true}}, got {options!r:.100}'
         raise RequestError(message, "stream_options")
@@ -37,4 +35,4 @@ def stream_options(body: Mapping[str, Any]) -> tuple[bool, bool]:
             f"stream_options.include_usage must be true or false, got {include_usage!r:.100}",
             "stream_options.include_usage",
         )
-    return bool(stream), bool(include_usage)
+    return stream, bool(include_usage)

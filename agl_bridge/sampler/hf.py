@@ -73,6 +73,9 @@ class SamplerClosedError(RuntimeError):
 
 @dataclass
 class _SampleRequest:
+    """A queued or running sample request. Its future stays pending until it is settled (never marked
+    running), so a caller's `cancel()` succeeds at any time and the worker drops its rows at the next step."""
+
     prompt: list[int]
     params: SamplingParams
     num_samples: int
@@ -175,6 +178,11 @@ class HFSampler:
     def max_context(self) -> int:
         """Most tokens (prompt + sampled) one sequence may have."""
         return self._max_context
+
+    @property
+    def running_sequences(self) -> int:
+        """How many sequences are being sampled now: a gauge for monitoring (read without a lock)."""
+        return len(self._rows)
 
     @property
     def vocab_size(self) -> int:
@@ -386,8 +394,6 @@ class HFSampler:
             if batch and padded > self.max_prefill_tokens:
                 break
             self._waiting.popleft()
-            if not request.future.set_running_or_notify_cancel():
-                continue
             batch.append(request)
             free -= request.num_samples
             longest = max(longest, len(request.prompt))
@@ -445,6 +451,7 @@ class HFSampler:
         """Sample one token for each of `rows` (batch rows first_row...), then retire finished rows."""
         tokens, logprobs = choose_tokens(logits, [row.sampling for row in rows], self._shared_generator)
         finished: list[int] = []
+        complete: list[_SampleRequest] = []
         for offset, (row, token, logprob) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)):
             row.tokens.append(token)
             row.logprobs.append(logprob)
@@ -454,10 +461,13 @@ class HFSampler:
                 continue
             reason = row.request.stop_checker.check(row.tokens)
             if reason is not None:
-                self._finish(row, reason)
+                if self._finish(row, reason):
+                    complete.append(row.request)
                 finished.append(first_row + offset)
         if finished:
             self._remove_rows(set(finished))
+        for request in complete:  # after their rows are gone: a caller holding its result sees them gone too
+            _settle(request.future, SampleResult(list(request.prompt), list(request.sequences)))  # type: ignore[arg-type]
 
     @staticmethod
     def _notify(row: _Row, event: TokenEvent) -> bool:
@@ -470,11 +480,12 @@ class HFSampler:
         try:
             request.on_token(event)
         except Exception as error:  # e.g. the listener's event loop closed: only this request fails
-            request.future.set_exception(error)
+            _settle(request.future, error=error)
             return False
         return True
 
-    def _finish(self, row: _Row, reason: StopReason) -> None:
+    def _finish(self, row: _Row, reason: StopReason) -> bool:
+        """Keep the row's sequence; whether it was its request's last."""
         request = row.request
         request.sequences[row.sample_index] = SampledSequence(
             tokens=row.tokens,
@@ -482,8 +493,7 @@ class HFSampler:
             stop_reason=reason,
             token_policy_versions=row.versions,
         )
-        if all(s is not None for s in request.sequences) and not request.future.done():
-            request.future.set_result(SampleResult(list(request.prompt), list(request.sequences)))  # type: ignore[arg-type]
+        return all(s is not None for s in request.sequences)
 
     def _drop_cancelled(self) -> None:
         gone = {i for i, row in enumerate(self._rows) if row.request.future.cancelled()}
@@ -507,23 +517,20 @@ class HFSampler:
 
     def _fail_running(self, error: Exception) -> None:
         for row in self._rows:
-            if not row.request.future.done():
-                row.request.future.set_exception(error)
+            _settle(row.request.future, error=error)
         self._rows, self._kv = [], None
 
     def _fail_everything(self, error: Exception) -> None:
         self._fail_running(error)
         while self._waiting:
-            request = self._waiting.popleft()
-            if not request.future.done():
-                request.future.set_exception(error)
+            _settle(self._waiting.popleft().future, error=error)
         while True:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(item, (_SampleRequest, _Call)) and not item.future.done():
-                item.future.set_exception(error)
+            if isinstance(item, (_SampleRequest, _Call)):
+                _settle(item.future, error=error)
 
     @staticmethod
     def _pick_pad_id(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> int:
@@ -548,3 +555,15 @@ class HFSampler:
         if tokenizer is not None and isinstance(tokenizer.eos_token_id, int):
             ids.append(tokenizer.eos_token_id)
         return tuple(dict.fromkeys(ids))
+
+
+def _settle(future: concurrent.futures.Future[Any], result: Any = None, error: BaseException | None = None) -> None:
+    """Give `future` its result or error, unless it is done: its caller may cancel it from another thread
+    at any moment (sample requests stay pending while they run), and a cancelled future takes neither."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass

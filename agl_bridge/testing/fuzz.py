@@ -28,7 +28,10 @@ except ImportError as exc:  # a dev dependency, not installed with the package
     ) from exc
 
 MODEL = "tiny"
-_SMALL_TOKENS = st.sampled_from([1, 2, 3])  # valid max_tokens stay small: generation is not what is tested
+_SMALL_TOKENS = st.sampled_from([1, 2, 3])
+"""Valid max_tokens stay small: generation is not what is tested, and a huge valid one (served up to the
+context window, `test_a_max_tokens_past_the_window_samples_up_to_the_window`) would sample for minutes
+on CPU when the random tiny model draws no EOS. Huge invalid ones (-10**20) are drawn."""
 _ASCII = st.text(
     alphabet=string.ascii_letters + string.digits + string.punctuation + " ", max_size=12
 )  # what a client can send in a header
@@ -114,7 +117,7 @@ chat_bodies = st.fixed_dictionaries(
             st.just(MODEL), st.just(MODEL), st.just(MODEL), st.text(max_size=8), st.integers(), st.none()
         ),
         "messages": st.one_of(st.lists(_message, min_size=1, max_size=4), st.lists(_message, max_size=0), json_values),
-        "max_tokens": st.one_of(_SMALL_TOKENS, _SMALL_TOKENS, st.sampled_from([0, -1, "2", 1.5, True, 10**20])),
+        "max_tokens": st.one_of(_SMALL_TOKENS, _SMALL_TOKENS, st.sampled_from([0, -1, "2", 1.5, True, -(10**20)])),
     },
     optional=_chat_options,
 )
@@ -127,7 +130,7 @@ completion_bodies = st.fixed_dictionaries(
             st.lists(st.one_of(st.lists(st.integers(0, 2100), max_size=5), st.text(max_size=5)), max_size=3),
             json_values,
         ),
-        "max_tokens": st.one_of(_SMALL_TOKENS, st.sampled_from([0, -1, "2", None, 10**20])),
+        "max_tokens": st.one_of(_SMALL_TOKENS, st.sampled_from([0, -1, "2", None, -(10**20)])),
     },
     optional={
         k: _chat_options[k]
@@ -175,7 +178,7 @@ anthropic_bodies = st.fixed_dictionaries(
     {
         "model": st.one_of(st.just(MODEL), st.just(MODEL), st.just(MODEL), st.text(max_size=8), st.integers()),
         "messages": st.one_of(st.lists(_anthropic_message, min_size=1, max_size=3), json_values),
-        "max_tokens": st.one_of(_SMALL_TOKENS, _SMALL_TOKENS, st.sampled_from([0, -1, "2", 1.5, None, 10**20])),
+        "max_tokens": st.one_of(_SMALL_TOKENS, _SMALL_TOKENS, st.sampled_from([0, -1, "2", 1.5, None, -(10**20)])),
     },
     optional={
         "system": st.one_of(st.text(max_size=20), st.lists(_anthropic_block, max_size=2), json_values),
@@ -201,7 +204,13 @@ anthropic_bodies = st.fixed_dictionaries(
             ),
             json_values,
         ),
-        "tool_choice": json_values,
+        "tool_choice": st.one_of(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["auto", "any", "none", "tool", "x"])},
+                optional={"name": st.from_regex(r"[a-z_]{1,8}", fullmatch=True)},
+            ),
+            json_values,
+        ),
         "metadata": json_values,
     },
 )

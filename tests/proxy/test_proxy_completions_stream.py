@@ -83,6 +83,9 @@ def test_streamed_ids_and_logprobs_are_the_recorded_ones(proxy_server: Any) -> N
         ({"logit_bias": {"5": 1}}, "logit_bias"),
         ({"stream": "yes"}, "stream"),
         ({"stream": True, "stream_options": []}, "stream_options"),
+        # a truthy string would have asked for a sample as long as the context window
+        ({"ignore_eos": "(/Av", "max_tokens": 10**20}, "ignore_eos"),
+        ({"return_token_ids": 1}, "return_token_ids"),
     ],
 )
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])

@@ -35,18 +35,19 @@ def client(proxy_server: Any) -> Iterator[httpx.Client]:
         yield http
 
 
-@pytest.mark.slow
-def test_generated_requests_get_no_5xx_and_only_openai_errors(proxy_server: Any, client: httpx.Client) -> None:
+def _fuzz(strategy: Any, examples: int, proxy_server: Any, client: httpx.Client) -> dict[int, int]:
+    """Send `examples` derandomized generated requests; fail on the first answer that breaks a rule.
+    Returns how many answers had each status."""
     seen: dict[int, int] = {}
 
     @settings(
-        max_examples=CI_REQUESTS,
+        max_examples=examples,
         derandomize=True,
         deadline=None,
         database=None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(request=requests())
+    @given(request=strategy)
     def one(request: FuzzRequest) -> None:
         response = send(client, request, proxy_server.api_key)
         seen[response.status_code] = seen.get(response.status_code, 0) + 1
@@ -54,6 +55,12 @@ def test_generated_requests_get_no_5xx_and_only_openai_errors(proxy_server: Any,
         assert problem is None, f"{request.method} {request.path} {request.body[:300]!r}: {problem}"
 
     one()
+    return seen
+
+
+@pytest.mark.slow
+def test_generated_requests_get_no_5xx_and_only_openai_errors(proxy_server: Any, client: httpx.Client) -> None:
+    seen = _fuzz(requests(), CI_REQUESTS, proxy_server, client)
     print("fuzz statuses:", dict(sorted(seen.items())))
     assert (
         sum(seen.values()) >= CI_REQUESTS and seen.get(200, 0) > 10 and sum(v for k, v in seen.items() if k >= 400) > 50
@@ -70,23 +77,7 @@ PER_ROUTE = 1000
 def test_each_protocols_route_takes_generated_bodies_without_a_5xx(
     proxy_server: Any, client: httpx.Client, route: str
 ) -> None:
-    seen: dict[int, int] = {}
-
-    @settings(
-        max_examples=PER_ROUTE,
-        derandomize=True,
-        deadline=None,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(request=route_requests(route))
-    def one(request: FuzzRequest) -> None:
-        response = send(client, request, proxy_server.api_key)
-        seen[response.status_code] = seen.get(response.status_code, 0) + 1
-        problem = check_answer(request, response)
-        assert problem is None, f"{request.method} {request.path} {request.body[:300]!r}: {problem}"
-
-    one()
+    seen = _fuzz(route_requests(route), PER_ROUTE, proxy_server, client)
     print(f"{route} fuzz statuses:", dict(sorted(seen.items())))
     assert sum(seen.values()) >= PER_ROUTE
     assert sum(v for k, v in seen.items() if k >= 400) > PER_ROUTE // 10

@@ -94,6 +94,16 @@ def test_max_tokens_gives_length_stop(sampler: HFSampler) -> None:
     assert sequence.stop_reason == "length"
 
 
+def test_a_max_tokens_past_the_window_samples_up_to_the_window(sampler: HFSampler) -> None:
+    small = HFSampler(sampler.model, max_context=40)
+    try:
+        sequence = small.sample([5, 6, 7], SamplingParams(max_tokens=10**20, stop=[])).sequences[0]
+    finally:
+        small.close()
+    assert len(sequence.tokens) == 37
+    assert sequence.stop_reason == "length"
+
+
 def test_seeded_requests_are_reproducible(sampler: HFSampler) -> None:
     prompt = _prompts(1, seed=8)[0]
     runs = {
@@ -152,10 +162,14 @@ async def test_async_requests_run_concurrently(sampler: HFSampler) -> None:
     assert [r.sequences[0].tokens for r in results] == [sampler.sample(p, GREEDY).sequences[0].tokens for p in prompts]
 
 
-def test_cancelled_request_frees_its_slot(sampler: HFSampler) -> None:
-    long_request = sampler.submit([1, 2, 3], SamplingParams(max_tokens=3000, stop=[]))
-    long_request.cancel()
-    assert sampler.sample([4, 5, 6], SamplingParams(max_tokens=5, stop=[])).sequences[0].tokens
+def test_a_request_cancelled_while_it_runs_stops_sampling(sampler: HFSampler) -> None:
+    started = threading.Event()
+    long_request = sampler.submit([1, 2, 3], SamplingParams(max_tokens=3000, stop=[]), on_token=lambda _: started.set())
+    assert started.wait(60)
+    assert long_request.cancel(), "a running request can be cancelled"
+    # the worker takes at least one step for this one, and drops the cancelled rows before it
+    assert sampler.sample([4, 5, 6], SamplingParams(max_tokens=2, stop=[])).sequences[0].tokens
+    assert sampler.running_sequences == 0
 
 
 def test_bad_requests_are_refused_with_the_reason(sampler: HFSampler) -> None:
@@ -254,6 +268,7 @@ async def test_leaving_a_stream_early_cancels_the_request(sampler: HFSampler) ->
         break
     await stream.aclose()
     assert (await sampler.sample_async([4, 5], SamplingParams(max_tokens=3, stop=[]))).sequences[0].tokens
+    assert sampler.running_sequences == 0, "the stream left early still samples"
 
 
 async def test_top_logprobs_rank_the_scored_distribution(sampler: HFSampler) -> None:
