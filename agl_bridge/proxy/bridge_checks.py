@@ -82,19 +82,6 @@ def _anthropic_tool_choice(choice: Mapping[str, Any] | None) -> None:
         raise RequestError("tool_choice.name: the tool's name is required with type 'tool'", "tool_choice.name")
 
 
-def _anthropic_tool_choice(choice: Mapping[str, Any] | None) -> None:
-    """`tool_choice`: {"type": "auto" | "any" | "none"} or {"type": "tool", "name": ...}."""
-    if choice is None:
-        return
-    kind = choice.get("type")
-    if kind not in ("auto", "any", "none", "tool"):
-        raise RequestError(
-            f"tool_choice.type must be 'auto', 'any', 'none' or 'tool', got {kind!r:.50}", "tool_choice.type"
-        )
-    if kind == "tool" and not isinstance(choice.get("name"), str):
-        raise RequestError("tool_choice.name: the tool's name is required with type 'tool'", "tool_choice.name")
-
-
 def check_responses(body: Mapping[str, Any]) -> None:
     """Responses: `input`, `instructions`, the output limit and sampling fields, `tools`, `reasoning`, `text`."""
     given = body.get("input")
