@@ -192,7 +192,7 @@ class PostgresStore(BatchedStore):
             )
         loop = asyncio.get_running_loop()
         for retry in (False, True):
-            reader = self._readers.get(loop)
+            reader: Any = self._readers.get(loop)
             fresh = reader is None or reader.closed or reader.broken
             if fresh:
                 reader = self._readers[loop] = await self._connect()
