@@ -192,24 +192,35 @@ class GroupCommitter(Generic[OpT]):
 
     async def _submit_foreign(self, ops: Sequence[OpT]) -> list[Any]:
         """Submit from a loop other than the owner's: straight to the writer thread, resolved there."""
-        taken = 0
+        futures: list[concurrent.futures.Future[Any]] = []
+        unsent: list[_Item] = []  # each holds a unit of room until handed over
         try:
-            for _ in ops:
-                await _acquire(self._foreign_room)
-                taken += 1
-            futures: list[concurrent.futures.Future[Any]] = [concurrent.futures.Future() for _ in ops]
-            with self._foreign_lock:
-                self._check_open()
-                self._inbox.put(list(zip(ops, futures, strict=True)))
-            taken = 0  # the writer thread gives the room back once it resolved them
+            for op in ops:
+                if not self._foreign_room.acquire(blocking=False):
+                    self._hand_over_foreign(unsent)  # what is held must commit for room to come back
+                    unsent = []
+                    await _wait_for_room(self._foreign_room)
+                future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+                futures.append(future)
+                unsent.append((op, future))
+            self._hand_over_foreign(unsent)
+            unsent = []
         finally:
-            for _ in range(taken):
+            for _ in unsent:
                 self._foreign_room.release()
         outcomes = await asyncio.gather(*map(asyncio.wrap_future, futures), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
         return list(outcomes)
+
+    def _hand_over_foreign(self, items: list[_Item]) -> None:
+        """Queue other loops' ops for the writer thread (refused once `close` began); the thread frees their room."""
+        if not items:
+            return
+        with self._foreign_lock:
+            self._check_open()
+            self._inbox.put(items)
 
     def _check_open(self) -> None:
         if self._closing or self._thread is None:
@@ -325,10 +336,8 @@ def _settle_threadsafe(future: concurrent.futures.Future[Any], outcome: Any) -> 
         future.set_result(outcome)
 
 
-async def _acquire(room: threading.BoundedSemaphore) -> None:
-    """Take one unit of `room` without blocking the event loop (a thread waits when none is free)."""
-    if room.acquire(blocking=False):
-        return
+async def _wait_for_room(room: threading.BoundedSemaphore) -> None:
+    """Take one unit of `room`, waiting on a worker thread so the event loop keeps running."""
     waiting = asyncio.ensure_future(asyncio.to_thread(room.acquire))
     try:
         await asyncio.shield(waiting)

@@ -8,7 +8,7 @@ are bounded (`max_pending`), sequence numbers are allocated in the database with
 duplicates per (rollout, attempt) across processes, the rollout state machine is the shared
 `rollout_rules.py`, and the schema is versioned (`postgres_schema.py`).
 
-Reads: point reads on one shared async connection; streams (an attempt's calls, a whole export,
+Reads: point reads on one shared async connection (per event loop); streams (an attempt's calls, a whole export,
 the converter's walk) each on a connection of their own through server-side cursors (`DECLARE …
 CURSOR`, fetched `read_page_size` rows at a time), so memory holds a page whatever the table
 holds. An asyncio connection belongs to the event loop it was opened on, so each loop that reads

@@ -224,7 +224,9 @@ class RemoteSink:
                 f"could not deliver the reward to {self.url} ({_reason(errors)}). Check that the agl_bridge "
                 f"proxy is running at {self.endpoint} ({semconv.ENV_ENDPOINT} or rollout_context(endpoint=...)) "
                 f"and that the API key ({semconv.ENV_API_KEY} / {semconv.ENV_OPENAI_API_KEY}) is accepted. "
-                "The reward was not confirmed as stored; treat it as not recorded."
+                f"A proxy that is up but overloaded, or whose store's writer is behind, may not confirm within "
+                f"{self.timeout_s:g} s: raise {semconv.ENV_REWARD_TIMEOUT_S} then. The reward was not confirmed as "
+                "stored; treat it as not recorded (the proxy may still store it late)."
             )
 
     async def deliver_async(self, spans: Sequence[ReadableSpan]) -> None:

@@ -95,3 +95,14 @@ async def test_writes_of_another_loop_are_committed_before_close_returns(store_p
     assert box["sequences"] == list(range(50))
     async with SQLiteStore(store_path) as reopened:
         assert len([r async for r in reopened.iter_rewards("ro-1")]) == 50
+
+
+async def test_another_loop_may_write_more_at_once_than_the_pending_bound(store_path: Any) -> None:
+    async with SQLiteStore(store_path, max_pending=4) as store:
+
+        async def many() -> list[int]:
+            return await store.add_rewards(
+                [Reward(rollout_id="ro-1", attempt_id="at-1", value=float(i)) for i in range(20)]
+            )
+
+        assert _run_in_thread(many)["result"] == list(range(20))
