@@ -145,8 +145,9 @@ class StoreSink:
             )
         records = spans_to_records(spans)
         try:
-            if running is None:  # a plain thread (an agent's): a loop of its own for the wait
-                asyncio.run(asyncio.wait_for(store_records(self.store, records), self.timeout_s))
+            if running is None:  # a plain thread (an agent's): a private loop for the wait, not set as the thread's
+                with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
+                    runner.run(asyncio.wait_for(store_records(self.store, records), self.timeout_s))
             else:  # sync code inside another loop, which is blocked anyway: run the write on the store's
                 future = asyncio.run_coroutine_threadsafe(store_records(self.store, records), self.loop)
                 try:

@@ -215,6 +215,23 @@ async def test_a_reward_commits_while_the_loop_that_opened_the_store_is_busy(sto
     assert [(r.name, r.value) for r in rewards] == [("partial", 0.5), ("reward", 1.0)]
 
 
+async def test_a_sync_reward_leaves_the_threads_own_event_loop_alone(store: SQLiteStore) -> None:
+    set_reward_sink(StoreSink(store, asyncio.get_running_loop()))
+
+    def sync_program() -> bool:
+        own = asyncio.new_event_loop()
+        asyncio.set_event_loop(own)  # a sync program that keeps a loop for later
+        try:
+            emit_reward(1.0, rollout_id="ro-own", attempt_id="at-1")
+            return asyncio.get_event_loop() is own
+        finally:
+            asyncio.set_event_loop(None)
+            own.close()
+
+    assert await asyncio.to_thread(sync_program)
+    assert [r.value for r in await collect(store.iter_rewards("ro-own"))] == [1.0]
+
+
 async def test_store_failure_is_a_delivery_error(tmp_path: Any) -> None:
     closed = SQLiteStore(tmp_path / "closed.db")  # never opened
     set_reward_sink(StoreSink(closed, asyncio.get_running_loop()))
