@@ -312,7 +312,7 @@ class ProxyServer:
             front = Gateway(
                 self._litellm_app(provider, recorder, make_traces_router(self.store)),
                 api_key=self.api_key,
-                routes=self._token_routes(provider, self.store) + make_lifecycle_router(self._open_store).routes,
+                routes=self._token_routes(provider, self.store) + make_lifecycle_router(self.running_store).routes,
                 chat=ChatRoute({service.model_name: service}.get),
                 max_body_bytes=self.max_request_bytes,
             )
@@ -349,9 +349,15 @@ class ProxyServer:
             if self._config_dir is not None:
                 shutil.rmtree(self._config_dir, ignore_errors=True)
 
-    def _open_store(self) -> SQLiteStore | PostgresStore:
-        if self.store is None:
-            raise RuntimeError("the proxy's store is not open")
+    def running_store(self) -> SQLiteStore | PostgresStore:
+        """The store the proxy records into, open while it runs; RuntimeError before `start` or after `stop`.
+
+        Any thread or event loop of this process may use it (a store serves them all): code beside
+        the proxy, such as the trainer, uses this one rather than opening the file again, so the
+        process has one writer connection and never contends with itself for the store's write lock.
+        """
+        if self.store is None or self.loop is None or not self.loop.is_running():
+            raise RuntimeError("the proxy's store is not open: start the proxy first (and use it before stop)")
         return self.store
 
     async def _sweep_idle(self) -> None:
@@ -361,7 +367,7 @@ class ProxyServer:
         while True:
             await asyncio.sleep(min(max(idle / 4, 0.05), 10.0))
             try:
-                expired = await self._open_store().expire_idle_rollouts(idle)
+                expired = await self.running_store().expire_idle_rollouts(idle)
             except StoreError as error:  # the store is busy or full: try again at the next sweep
                 logger.warning("the idle-rollout sweep failed: %s", error)
                 continue

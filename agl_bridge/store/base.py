@@ -19,6 +19,11 @@ Clients we do not launch then drive the rest of the lifecycle (`register_attempt
 follow trainer takes finished rollouts (`mark_consumed`, `release_consumed`, `change_token` + `wait_for_change`).
 Attempt ids are unique per rollout; `tests/store/test_store_contract.py` holds what every backend
 must do, parametrized by backend.
+
+One store object serves every event loop and thread of its process, whichever loop opened it
+(`tests/store/test_store_shared.py`): open and close it on one loop; the others use it in between.
+A process keeps one store object per store: the trainer uses its in-process proxy's rather than
+opening a second writer on the same file.
 """
 
 from __future__ import annotations

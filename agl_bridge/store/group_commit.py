@@ -19,12 +19,22 @@ the CPU per write of an asyncio writer task dispatching each batch to an executo
 The number of operations held in memory (queued or being committed) is bounded by `max_pending`:
 when the disk cannot keep up, `submit` waits for room instead of letting memory grow.
 
+Any event loop of the process may submit, not only the one that started the committer (the
+owner's): one store object — one writer connection — then serves every thread of a process. A
+proxy and a trainer sharing a SQLite file through two connections fought over its write lock
+(and failed with "database is locked" on a loaded machine). An operation from another loop goes
+straight to the writer thread, which resolves it itself (a thread-safe future the caller's loop
+is woken by), so such a caller never waits for the owner's loop: a reward an agent thread emits
+commits in the writer's time even while the proxy's loop is busy serving requests. Those
+operations are bounded by `max_pending` of their own.
+
 This module knows nothing about SQL: `apply_batch`, `setup` and `teardown` are given by the store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -43,7 +53,8 @@ class Failure:
     error: BaseException
 
 
-_Item = tuple[Any, "asyncio.Future[Any]"]
+_Item = tuple[Any, "asyncio.Future[Any] | concurrent.futures.Future[Any]"]
+"""An operation and its caller's future: an asyncio one of the owner's loop, or a thread-safe one."""
 _STOP = None  # put on the queue by `close` once every submitted operation is resolved
 
 
@@ -78,6 +89,9 @@ class GroupCommitter(Generic[OpT]):
         self._unfinished = 0  # submitted and not resolved, including callers waiting for room
         self._closing = False
         self._drained: asyncio.Event | None = None
+        # Operations from other loops: their own bound, and a lock ordering their hand-over with `close`.
+        self._foreign_room = threading.BoundedSemaphore(max_pending)
+        self._foreign_lock = threading.Lock()
         self.batches_committed = 0
         self.ops_committed = 0
 
@@ -111,9 +125,15 @@ class GroupCommitter(Generic[OpT]):
             raise
 
     async def submit(self, op: OpT) -> Any:
-        """Queue `op` (waiting while `max_pending` are held) and return its outcome once committed."""
+        """Queue `op` (waiting while `max_pending` are held) and return its outcome once committed.
+
+        From any event loop of the process (see the module docs).
+        """
         self._check_open()
         assert self._loop is not None
+        if asyncio.get_running_loop() is not self._loop:
+            (outcome,) = await self._submit_foreign([op])
+            return outcome
         future: asyncio.Future[Any] = self._loop.create_future()
         await self._enqueue(op, future)
         return await future
@@ -122,6 +142,8 @@ class GroupCommitter(Generic[OpT]):
         """Queue several ops (in order) and return their outcomes; raises the first failure."""
         self._check_open()
         assert self._loop is not None
+        if asyncio.get_running_loop() is not self._loop:
+            return await self._submit_foreign(ops)
         futures: list[asyncio.Future[Any]] = []
         for op in ops:
             future: asyncio.Future[Any] = self._loop.create_future()
@@ -135,7 +157,8 @@ class GroupCommitter(Generic[OpT]):
 
     async def close(self) -> None:
         """Stop taking new ops, commit everything already submitted, run `teardown`, end the thread."""
-        self._closing = True
+        with self._foreign_lock:  # every op of another loop is now on the queue, or refused
+            self._closing = True
         if self._thread is None:
             return
         assert self._drained is not None and self._stopped is not None
@@ -167,6 +190,38 @@ class GroupCommitter(Generic[OpT]):
         items, self._gathering = self._gathering, None
         self._inbox.put(items)
 
+    async def _submit_foreign(self, ops: Sequence[OpT]) -> list[Any]:
+        """Submit from a loop other than the owner's: straight to the writer thread, resolved there."""
+        futures: list[concurrent.futures.Future[Any]] = []
+        unsent: list[_Item] = []  # each holds a unit of room until handed over
+        try:
+            for op in ops:
+                if not self._foreign_room.acquire(blocking=False):
+                    self._hand_over_foreign(unsent)  # what is held must commit for room to come back
+                    unsent = []
+                    await _wait_for_room(self._foreign_room)
+                future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+                futures.append(future)
+                unsent.append((op, future))
+            self._hand_over_foreign(unsent)
+            unsent = []
+        finally:
+            for _ in unsent:
+                self._foreign_room.release()
+        outcomes = await asyncio.gather(*map(asyncio.wrap_future, futures), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return list(outcomes)
+
+    def _hand_over_foreign(self, items: list[_Item]) -> None:
+        """Queue other loops' ops for the writer thread (refused once `close` began); the thread frees their room."""
+        if not items:
+            return
+        with self._foreign_lock:
+            self._check_open()
+            self._inbox.put(items)
+
     def _check_open(self) -> None:
         if self._closing or self._thread is None:
             raise StoreClosedError(
@@ -193,6 +248,9 @@ class GroupCommitter(Generic[OpT]):
         try:
             self._commit_until_stopped(loop)
         finally:
+            with self._foreign_lock:  # no op of another loop is queued after this
+                self._closing = True
+            self._refuse_leftovers()
             try:
                 self._teardown()
             finally:
@@ -226,14 +284,37 @@ class GroupCommitter(Generic[OpT]):
                     raise RuntimeError(f"apply_batch returned {len(outcomes)} outcomes for {len(batch)} operations")
             except Exception as exc:  # a bug in apply_batch must fail the callers, not hang them
                 outcomes = [Failure(exc)] * len(batch)
-            try:
-                loop.call_soon_threadsafe(self._resolve, batch, outcomes)
-            except RuntimeError:  # the loop is closed: nobody waits for these outcomes any more
-                return
+            self.batches_committed += 1
+            self.ops_committed += len(batch)
+            owned: list[tuple[_Item, Any]] = []
+            for item, outcome in zip(batch, outcomes, strict=True):
+                if isinstance(item[1], concurrent.futures.Future):
+                    _settle_threadsafe(item[1], outcome)
+                    self._foreign_room.release()
+                else:
+                    owned.append((item, outcome))
+            if owned:
+                try:
+                    loop.call_soon_threadsafe(self._resolve, owned)
+                except RuntimeError:  # the owner's loop is closed: nobody waits for its outcomes any more
+                    self._inbox.put(waiting)  # other loops' ops still queued: refused as the thread ends
+                    return
 
-    def _resolve(self, batch: list[_Item], outcomes: list[Any]) -> None:
+    def _refuse_leftovers(self) -> None:
+        """Fail the ops of other loops still queued when the thread ends (the owner's loop went away)."""
+        closed = StoreClosedError(f"the {self._name} closed before this write was committed; it was not written")
+        while True:
+            try:
+                items = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            for _, future in items or ():
+                if isinstance(future, concurrent.futures.Future):
+                    _settle_threadsafe(future, Failure(closed))
+
+    def _resolve(self, owned: list[tuple[_Item, Any]]) -> None:
         assert self._room is not None
-        for (_, future), outcome in zip(batch, outcomes, strict=True):
+        for (_, future), outcome in owned:
             self._room.release()
             if future.done():  # the caller was cancelled; the op was still applied
                 continue
@@ -241,10 +322,28 @@ class GroupCommitter(Generic[OpT]):
                 future.set_exception(outcome.error)
             else:
                 future.set_result(outcome)
-        self.batches_committed += 1
-        self.ops_committed += len(batch)
-        self._held -= len(batch)
-        self._finish(len(batch))
+        self._held -= len(owned)
+        self._finish(len(owned))
+
+
+def _settle_threadsafe(future: concurrent.futures.Future[Any], outcome: Any) -> None:
+    """Resolve a thread-safe future with an op's outcome (a caller that gave up is skipped: the op was applied)."""
+    if not future.set_running_or_notify_cancel():
+        return
+    if isinstance(outcome, Failure):
+        future.set_exception(outcome.error)
+    else:
+        future.set_result(outcome)
+
+
+async def _wait_for_room(room: threading.BoundedSemaphore) -> None:
+    """Take one unit of `room`, waiting on a worker thread so the event loop keeps running."""
+    waiting = asyncio.ensure_future(asyncio.to_thread(room.acquire))
+    try:
+        await asyncio.shield(waiting)
+    except asyncio.CancelledError:
+        waiting.add_done_callback(lambda _: room.release())  # taken after the caller gave up: give it back
+        raise
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

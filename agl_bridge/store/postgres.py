@@ -8,11 +8,13 @@ are bounded (`max_pending`), sequence numbers are allocated in the database with
 duplicates per (rollout, attempt) across processes, the rollout state machine is the shared
 `rollout_rules.py`, and the schema is versioned (`postgres_schema.py`).
 
-Reads: point reads on one shared async connection; streams (an attempt's calls, a whole export,
+Reads: point reads on one shared async connection (per event loop); streams (an attempt's calls, a whole export,
 the converter's walk) each on a connection of their own through server-side cursors (`DECLARE …
 CURSOR`, fetched `read_page_size` rows at a time), so memory holds a page whatever the table
-holds. The converter's whole-store walk reads rollouts, attempts, calls and rewards in one
-REPEATABLE READ transaction: one consistent snapshot, never blocking writers.
+holds. An asyncio connection belongs to the event loop it was opened on, so each loop that reads
+gets its own (the store object serves every loop of the process, as the writer does). The
+converter's whole-store walk reads rollouts, attempts, calls and rewards in one REPEATABLE READ
+transaction: one consistent snapshot, never blocking writers.
 
 Faults: an unreachable or restarting server fails writes and reads with StoreUnavailableError
 (the proxy answers 503 `store_unavailable`; nothing unacknowledged is lost, nothing acknowledged
@@ -27,6 +29,7 @@ server-side cursors and LISTEN/NOTIFY (`wait_for_change`). asyncpg is asyncio-on
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
@@ -115,8 +118,10 @@ class PostgresStore(BatchedStore):
             dsn, where=self.where, created_by=f"agl_bridge {__version__}", connect_timeout_s=connect_timeout_s
         )
         self._committer: GroupCommitter[WriteOp] | None = None
-        self._reader: Any = None
-        self._idle: list[Any] = []  # stream connections kept for the next stream
+        # Per event loop (a psycopg async connection is used from the loop it was opened on): the
+        # point-read connection, and stream connections kept for the next stream.
+        self._readers: dict[asyncio.AbstractEventLoop, Any] = {}
+        self._idle: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         self._translated: dict[str, str] = {}
 
     def __repr__(self) -> str:
@@ -138,7 +143,7 @@ class PostgresStore(BatchedStore):
         )
         await committer.start()
         try:
-            self._reader = await self._connect()
+            self._readers[asyncio.get_running_loop()] = await self._connect()
         except BaseException:
             await committer.close()
             raise
@@ -150,10 +155,10 @@ class PostgresStore(BatchedStore):
         if committer is None:
             return
         await committer.close()
-        for conn in [self._reader, *self._idle]:
-            if conn is not None:
-                await conn.close()
-        self._reader, self._idle = None, []
+        # Closing a connection only ends its libpq session (no await on its loop): any loop's can be closed here.
+        for conn in [*self._readers.values(), *(c for idle in self._idle.values() for c in idle)]:
+            await conn.close()
+        self._readers, self._idle = {}, {}
 
     async def __aenter__(self) -> PostgresStore:
         """Open the store and return it."""
@@ -185,15 +190,17 @@ class PostgresStore(BatchedStore):
             raise StoreClosedError(
                 f"store {self.where} is not open; use `async with store:` or `await store.open()` first"
             )
+        loop = asyncio.get_running_loop()
         for retry in (False, True):
-            fresh = self._reader is None or self._reader.closed or self._reader.broken
+            reader: Any = self._readers.get(loop)
+            fresh = reader is None or reader.closed or reader.broken
             if fresh:
-                self._reader = await self._connect()
+                reader = self._readers[loop] = await self._connect()
             try:
-                cursor = await self._reader.execute(self._pg(sql), params)
+                cursor = await reader.execute(self._pg(sql), params)
                 return list(await cursor.fetchall())
             except psycopg.OperationalError as exc:
-                await self._reader.close()
+                await reader.close()
                 if fresh or retry:  # a read is safe to repeat once on a new connection
                     raise StoreUnavailableError(self.where, exc) from None
             except psycopg.Error as exc:
@@ -253,7 +260,8 @@ class PostgresStore(BatchedStore):
             raise StoreClosedError(
                 f"store {self.where} is not open; use `async with store:` or `await store.open()` first"
             )
-        conn = self._idle.pop() if self._idle else await self._connect()
+        idle = self._idle.setdefault(asyncio.get_running_loop(), [])
+        conn = idle.pop() if idle else await self._connect()
         try:
             await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
             await conn.set_read_only(True)
@@ -265,8 +273,8 @@ class PostgresStore(BatchedStore):
         except BaseException:
             await conn.close()
             raise
-        if len(self._idle) < _IDLE_READERS and not conn.closed:
-            self._idle.append(conn)
+        if len(idle) < _IDLE_READERS and not conn.closed:
+            idle.append(conn)
         else:
             await conn.close()
 

@@ -19,7 +19,9 @@ results with keyset queries, so a long export neither holds a read transaction o
 stop WAL checkpoints and let the WAL grow) nor loads a table into memory. Several processes may
 open the same file: SQLite's write lock (waited on up to `busy_timeout_s`) serialises their
 transactions, and sequence allocation happens inside the locked transaction, so numbers stay
-unique across processes too.
+unique across processes too. Within a process, share one store object instead (it serves every
+event loop and thread: `group_commit.py`, and aiosqlite's reader is loop-agnostic): two
+connections of one process would only contend with each other for that lock.
 """
 
 from __future__ import annotations

@@ -5,9 +5,12 @@ only after its commit), so the store allocates the reward's sequence number befo
 returns: that is what orders a reward after the LLM calls that returned before it and before the
 calls made after it.
 
-  - `StoreSink(store, loop)`: the store lives in this process and runs on `loop` (the proxy or
-    trainer's event loop). Spans are encoded to OTLP and decoded by the same code the receiver
-    uses, so a reward stored in-process is identical to one received over HTTP.
+  - `StoreSink(store, loop)`: the store lives in this process and was opened on `loop` (the proxy
+    or trainer's event loop). Spans are encoded to OTLP and decoded by the same code the receiver
+    uses, so a reward stored in-process is identical to one received over HTTP. The write goes
+    from the caller's thread straight to the store's writer thread (a store serves every loop of
+    its process), never through `loop`: that loop may be busy serving many agents' requests, and
+    under load its backlog — not the commit — was what made rewards wait for seconds.
   - `RemoteSink(endpoint, api_key)`: exports with the standard OTLP/HTTP protobuf exporter to
     `{endpoint}/v1/traces`, with `Authorization: Bearer <api_key>` when a key is known.
 
@@ -103,12 +106,13 @@ def spans_to_records(spans: Sequence[ReadableSpan]) -> list[DecodedSpan]:
 
 
 class StoreSink:
-    """Delivers reward spans to a store that runs on `loop` in this process.
+    """Delivers reward spans to a store of this process, opened on `loop`.
 
-    Thread-safe. From a thread other than the loop's, `deliver` submits the write to the loop and
-    blocks until it is committed. From inside the loop's own thread a blocking wait would deadlock
-    the loop, so `deliver` refuses with RewardDeliveryError and async code uses `deliver_async`
-    (i.e. `await emit_reward_async(...)`).
+    Thread-safe. From a thread other than the loop's, `deliver` hands the write to the store's
+    writer thread and blocks until it is committed. From inside the loop's own thread a blocking
+    wait would stall every request the loop serves (and a store whose writes needed that loop
+    would deadlock), so `deliver` refuses with RewardDeliveryError and async code uses
+    `deliver_async` (i.e. `await emit_reward_async(...)`).
     """
 
     def __init__(self, store: Store, loop: asyncio.AbstractEventLoop, *, timeout_s: float | None = None) -> None:
@@ -125,8 +129,9 @@ class StoreSink:
         return f"store {getattr(self.store, 'path', type(self.store).__name__)}"
 
     def deliver(self, spans: Sequence[ReadableSpan]) -> None:
-        """Write the spans' records through the store's loop and wait for the commit."""
-        if _running_loop() is self.loop:
+        """Write the spans' records and wait for the commit, from this thread."""
+        running = _running_loop()
+        if running is self.loop:
             raise RewardDeliveryError(
                 f"emit_reward() was called from inside the event loop that runs the {self._describe()}; "
                 "waiting there for the write would deadlock that loop. In async code use "
@@ -139,26 +144,29 @@ class StoreSink:
                 "StoreSink with set_reward_sink). The reward was not recorded."
             )
         records = spans_to_records(spans)
-        future = asyncio.run_coroutine_threadsafe(store_records(self.store, records), self.loop)
         try:
-            future.result(timeout=self.timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
+            if running is None:  # a plain thread (an agent's): a private loop for the wait, not set as the thread's
+                with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
+                    runner.run(asyncio.wait_for(store_records(self.store, records), self.timeout_s))
+            else:  # sync code inside another loop, which is blocked anyway: run the write on the store's
+                future = asyncio.run_coroutine_threadsafe(store_records(self.store, records), self.loop)
+                try:
+                    future.result(timeout=self.timeout_s)
+                except concurrent.futures.TimeoutError:
+                    future.cancel()
+                    raise TimeoutError from None
+        except TimeoutError:
             raise RewardDeliveryError(self._timeout_message()) from None
         except Exception as exc:
             raise RewardDeliveryError(self._failure_message(exc)) from exc
 
     async def deliver_async(self, spans: Sequence[ReadableSpan]) -> None:
-        """Write the spans' records (directly when already on the store's loop) and await the commit."""
+        """Write the spans' records from the calling loop (whichever it is) and await the commit."""
         records = spans_to_records(spans)
         try:
-            if _running_loop() is self.loop:
-                await asyncio.wait_for(store_records(self.store, records), self.timeout_s)
-            else:
-                if self.loop.is_closed() or not self.loop.is_running():
-                    raise RuntimeError("the store's event loop is not running")
-                future = asyncio.run_coroutine_threadsafe(store_records(self.store, records), self.loop)
-                await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
+            if self.loop.is_closed() or not self.loop.is_running():
+                raise RuntimeError("the event loop the store was opened on is not running")
+            await asyncio.wait_for(store_records(self.store, records), self.timeout_s)
         except TimeoutError:
             raise RewardDeliveryError(self._timeout_message()) from None
         except Exception as exc:
@@ -166,9 +174,10 @@ class StoreSink:
 
     def _timeout_message(self) -> str:
         return (
-            f"the {self._describe()} did not commit the reward within {self.timeout_s:g} s (is its event loop "
-            f"blocked?); it may still be stored late. Raise {semconv.ENV_REWARD_TIMEOUT_S} if the store is "
-            "just slow."
+            f"the {self._describe()} did not commit the reward within {self.timeout_s:g} s: its writer is "
+            "behind (a slow or full disk, or another process holding the store's write lock). Treat the reward "
+            "as not recorded (it may still be stored late, under this attempt). Check the store's disk and "
+            f"which processes write to it, or raise {semconv.ENV_REWARD_TIMEOUT_S} if the store is just slow."
         )
 
     def _failure_message(self, exc: BaseException) -> str:
@@ -216,7 +225,9 @@ class RemoteSink:
                 f"could not deliver the reward to {self.url} ({_reason(errors)}). Check that the agl_bridge "
                 f"proxy is running at {self.endpoint} ({semconv.ENV_ENDPOINT} or rollout_context(endpoint=...)) "
                 f"and that the API key ({semconv.ENV_API_KEY} / {semconv.ENV_OPENAI_API_KEY}) is accepted. "
-                "The reward was not confirmed as stored; treat it as not recorded."
+                f"A proxy that is up but overloaded, or whose store's writer is behind, may not confirm within "
+                f"{self.timeout_s:g} s: raise {semconv.ENV_REWARD_TIMEOUT_S} then. The reward was not confirmed as "
+                "stored; treat it as not recorded (the proxy may still store it late)."
             )
 
     async def deliver_async(self, spans: Sequence[ReadableSpan]) -> None:

@@ -29,10 +29,12 @@ taken.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,7 +113,14 @@ def train_follow(config: GRPOConfig, log: RunLog, *, resume: bool, warm_start_pa
         else:
             where = describe_location(store_path)
             log.say(f"following the store {where}; new weights go to {', '.join(config.sampler_urls)}")
-        loop = FollowLoop(config, client, store_path, log, where=proxy.base_url if proxy else where)
+        loop = FollowLoop(
+            config,
+            client,
+            store_path,
+            log,
+            where=proxy.base_url if proxy else where,
+            store=proxy.running_store() if proxy else None,
+        )
         summary = asyncio.run(loop.run(state, version))
         client.save_weights_for_sampler(run_dir / "final_adapter")
     finally:
@@ -137,12 +146,26 @@ def _announce(proxy: ProxyServer, run_dir: Path, log: RunLog) -> None:
 
 
 class FollowLoop:
-    """The follow loop over one store (module doc): wait for groups, train, sync, evaluate, checkpoint."""
+    """The follow loop over one store (module doc): wait for groups, train, sync, evaluate, checkpoint.
 
-    def __init__(self, config: GRPOConfig, client: TrainingClient, store_path: str | Path, log: RunLog, *, where: str):
+    store: the running proxy's store when the proxy serves in this process (used as is: one writer
+    per store file in a process); None opens the store at `store_path` for the run.
+    """
+
+    def __init__(
+        self,
+        config: GRPOConfig,
+        client: TrainingClient,
+        store_path: str | Path,
+        log: RunLog,
+        *,
+        where: str,
+        store: Store | None = None,
+    ):
         self.config = config
         self.client = client
         self.store_path = store_path
+        self.store = store
         self.log = log
         self.where = where
         self.options = ConvertOptions(missing_reward=config.missing_reward, reward_weights=dict(config.reward_weights))
@@ -155,7 +178,7 @@ class FollowLoop:
         first_step = 0 if state is None else int(state["next_step"])
         since = time.time() if state is None else float(state["since"])
         self.summary.eval_start = None if state is None else state.get("eval_start")
-        async with store_at(self.store_path) as store:
+        async with self._opened_store() as store:
             if state is not None:
                 released = await store.release_consumed(first_step)
                 if released:
@@ -193,6 +216,15 @@ class FollowLoop:
                 self.summary.steps = step
             await self._evaluate(store, config.steps, since)
         return self.summary
+
+    @contextlib.asynccontextmanager
+    async def _opened_store(self) -> AsyncIterator[Store]:
+        """The proxy's store when given, else the store at `store_path`, opened for the run."""
+        if self.store is not None:
+            yield self.store
+            return
+        async with store_at(self.store_path) as store:
+            yield store
 
     async def _gather(self, store: Store, step: int, since: float, version: int) -> StepBatch:
         """Take complete groups (converting each at once) until the step has `batch_size` of them."""

@@ -54,7 +54,6 @@ from agl_bridge.runner import (
 from agl_bridge.runner.recovery import fail_interrupted
 from agl_bridge.runner.runner import AgentFunction
 from agl_bridge.store.base import Store
-from agl_bridge.store.location import store_at
 from agl_bridge.train.advantages import (
     Advantage,
     AdvantageBatch,
@@ -225,117 +224,115 @@ class GRPOTrainer:
             )
             await judge.check()  # before any rollout runs
         summary = RunSummary(self.run_dir, 0, 0.0, None, None)
-        async with store_at(config.store_location(self.run_dir)) as store:
-            runner = self._runner(proxy, store, config.group_size)
-            evaluator = self._runner(proxy, store, config.eval_group_size)
-            evaluate = functools.partial(evaluate_held_out, evaluator, self.eval_tasks, store, options, log)
-            ahead = SampleAhead(
-                lambda step: runner.run(self.schedule.for_step(step), group_prefix=f"s{step}"),
-                steps=config.steps,
-                max_staleness=config.max_staleness,
-            )
-            try:
-                if state is None:
-                    if config.warm_start.steps > 0 and self.warm_start_pairs:
-                        before = await evaluate(
-                            step=0, label="before the supervised warm start", stage="before_warm_start"
-                        )
-                        await warm_start(client, tokenizer, self.warm_start_pairs, config, log)
-                        summary.eval_start = await evaluate(step=0, label="after the warm start = start of RL")
-                        summary.warm_start = {"before": before, "after": summary.eval_start}
-                    else:
-                        summary.eval_start = await evaluate(step=0, label="start of RL")
-                    first_step = 0
+        # The proxy's store: one writer per store file in this process (a second connection to the same
+        # file would contend with the proxy's for SQLite's write lock, and lose on a loaded machine).
+        store = proxy.running_store()
+        runner = self._runner(proxy, store, config.group_size)
+        evaluator = self._runner(proxy, store, config.eval_group_size)
+        evaluate = functools.partial(evaluate_held_out, evaluator, self.eval_tasks, store, options, log)
+        ahead = SampleAhead(
+            lambda step: runner.run(self.schedule.for_step(step), group_prefix=f"s{step}"),
+            steps=config.steps,
+            max_staleness=config.max_staleness,
+        )
+        try:
+            if state is None:
+                if config.warm_start.steps > 0 and self.warm_start_pairs:
+                    before = await evaluate(step=0, label="before the supervised warm start", stage="before_warm_start")
+                    await warm_start(client, tokenizer, self.warm_start_pairs, config, log)
+                    summary.eval_start = await evaluate(step=0, label="after the warm start = start of RL")
+                    summary.warm_start = {"before": before, "after": summary.eval_start}
                 else:
-                    interrupted = await fail_interrupted(
-                        store, "interrupted: the training process stopped before this attempt finished"
-                    )
-                    if interrupted:
-                        log.say(f"{interrupted} rollouts left running by the interrupted run marked failed")
-                    summary.eval_start = state.get("eval_start")
-                    first_step = int(state["next_step"])
+                    summary.eval_start = await evaluate(step=0, label="start of RL")
+                first_step = 0
+            else:
+                interrupted = await fail_interrupted(
+                    store, "interrupted: the training process stopped before this attempt finished"
+                )
+                if interrupted:
+                    log.say(f"{interrupted} rollouts left running by the interrupted run marked failed")
+                summary.eval_start = state.get("eval_start")
+                first_step = int(state["next_step"])
 
-                for step in range(first_step, config.steps):
-                    # sample
-                    t0 = time.perf_counter()
-                    outcomes = await ahead.take(step)
-                    t1 = time.perf_counter()
-                    # convert
-                    report = ConversionReport()
-                    rollout_ids = [o.rollout_id for o in outcomes]
-                    trajectories = [
-                        t
-                        async for t in convert_store(
-                            store, rollout_ids=rollout_ids, options=convert_options, report=report
-                        )
-                    ]
-                    trajectories, rewarding = await self._trainer_rewards(trajectories, store, options, judge)
-                    # advantages, datums
-                    items: list[tuple[Trajectory, Advantage]]
-                    if teacher is not None:
-                        items, rewarding["reverse_kl"] = await asyncio.to_thread(distill_items, trajectories, teacher)
-                        batch = AdvantageBatch(groups=len(trajectories), trajectories=len(trajectories))
-                    else:
-                        batch = group_advantages(
-                            trajectories, estimator=config.advantage, std_scaling=config.advantage_std_scaling
-                        )
-                        items = list(batch.items)
-                    divisor = constant_divisor(config.advantage, batch.trajectories, config.default_max_tokens)
-                    datums = datums_for(items, config.aggregation, divisor=divisor) if items else []
-                    t2 = time.perf_counter()
-                    # train
-                    metrics = await train_step(client, datums, settings.at_learning_rate(config.learning_rate_at(step)))
-                    t3 = time.perf_counter()
-                    # sync (nothing trained: the sampler keeps its policy)
-                    if datums:
-                        version = (await client.save_weights_and_get_sampling_client_async()).policy_version
-                    else:
-                        assert client.sampler is not None  # the online run gives the client its sampler
-                        version = client.sampler.policy_version
-                    t4 = time.perf_counter()
-                    weights_at = time.time()
-                    # log
-                    record: dict[str, Any] = {
-                        "phase": "train",
-                        "step": step + 1,
-                        "policy_version": version,
-                        **reward_stats(trajectories),
-                        "rollouts": len(outcomes),
-                        "rollouts_failed": sum(o.status.value == "failed" for o in outcomes),
-                        "rollouts_timed_out": sum(o.status.value == "timed_out" for o in outcomes),
-                        "trajectories": len(trajectories),
-                        "dropped": report.attempts_dropped,
-                        "dropped_by_reason": dict(report.dropped),
-                        "segments": report.segments,
-                        "groups": batch.groups,
-                        "groups_zero_variance": batch.groups_dropped_zero_variance,
-                        **rewarding,
-                        "datums": len(datums),
-                        **metrics,
-                        **step_times(
-                            (t0, t1, t2, t3, t4), max((o.finished_at for o in outcomes), default=None), weights_at
-                        ),
-                        # the share of the step spent neither sampling nor in forward/backward + optim_step
-                        "overhead_share": round(
-                            ((t4 - t0) - (t1 - t0) - metrics["time_forward_backward_s"]) / max(t4 - t0, 1e-9), 4
-                        ),
-                    }
-                    log.write(record)
-                    log.say(step_line(record))
-                    # eval
-                    last = step + 1 == config.steps
-                    if (step + 1) % config.eval_every == 0 or last:
-                        summary.eval_end = await evaluate(step=step + 1, label=f"after step {step + 1}")
-                    # checkpoint
-                    if (step + 1) % config.checkpoint_every == 0 or last:
-                        save_checkpoint(client, self.run_dir, step + 1, summary.eval_start, config.seed, log)
-                    summary.steps = step + 1
-            finally:
-                ahead.cancel()
-                runner.close()
-                evaluator.close()
-                if judge is not None:
-                    await judge.close()
+            for step in range(first_step, config.steps):
+                # sample
+                t0 = time.perf_counter()
+                outcomes = await ahead.take(step)
+                t1 = time.perf_counter()
+                # convert
+                report = ConversionReport()
+                rollout_ids = [o.rollout_id for o in outcomes]
+                trajectories = [
+                    t
+                    async for t in convert_store(store, rollout_ids=rollout_ids, options=convert_options, report=report)
+                ]
+                trajectories, rewarding = await self._trainer_rewards(trajectories, store, options, judge)
+                # advantages, datums
+                items: list[tuple[Trajectory, Advantage]]
+                if teacher is not None:
+                    items, rewarding["reverse_kl"] = await asyncio.to_thread(distill_items, trajectories, teacher)
+                    batch = AdvantageBatch(groups=len(trajectories), trajectories=len(trajectories))
+                else:
+                    batch = group_advantages(
+                        trajectories, estimator=config.advantage, std_scaling=config.advantage_std_scaling
+                    )
+                    items = list(batch.items)
+                divisor = constant_divisor(config.advantage, batch.trajectories, config.default_max_tokens)
+                datums = datums_for(items, config.aggregation, divisor=divisor) if items else []
+                t2 = time.perf_counter()
+                # train
+                metrics = await train_step(client, datums, settings.at_learning_rate(config.learning_rate_at(step)))
+                t3 = time.perf_counter()
+                # sync (nothing trained: the sampler keeps its policy)
+                if datums:
+                    version = (await client.save_weights_and_get_sampling_client_async()).policy_version
+                else:
+                    assert client.sampler is not None  # the online run gives the client its sampler
+                    version = client.sampler.policy_version
+                t4 = time.perf_counter()
+                weights_at = time.time()
+                # log
+                record: dict[str, Any] = {
+                    "phase": "train",
+                    "step": step + 1,
+                    "policy_version": version,
+                    **reward_stats(trajectories),
+                    "rollouts": len(outcomes),
+                    "rollouts_failed": sum(o.status.value == "failed" for o in outcomes),
+                    "rollouts_timed_out": sum(o.status.value == "timed_out" for o in outcomes),
+                    "trajectories": len(trajectories),
+                    "dropped": report.attempts_dropped,
+                    "dropped_by_reason": dict(report.dropped),
+                    "segments": report.segments,
+                    "groups": batch.groups,
+                    "groups_zero_variance": batch.groups_dropped_zero_variance,
+                    **rewarding,
+                    "datums": len(datums),
+                    **metrics,
+                    **step_times(
+                        (t0, t1, t2, t3, t4), max((o.finished_at for o in outcomes), default=None), weights_at
+                    ),
+                    # the share of the step spent neither sampling nor in forward/backward + optim_step
+                    "overhead_share": round(
+                        ((t4 - t0) - (t1 - t0) - metrics["time_forward_backward_s"]) / max(t4 - t0, 1e-9), 4
+                    ),
+                }
+                log.write(record)
+                log.say(step_line(record))
+                # eval
+                last = step + 1 == config.steps
+                if (step + 1) % config.eval_every == 0 or last:
+                    summary.eval_end = await evaluate(step=step + 1, label=f"after step {step + 1}")
+                # checkpoint
+                if (step + 1) % config.checkpoint_every == 0 or last:
+                    save_checkpoint(client, self.run_dir, step + 1, summary.eval_start, config.seed, log)
+                summary.steps = step + 1
+        finally:
+            ahead.cancel()
+            runner.close()
+            evaluator.close()
+            if judge is not None:
+                await judge.close()
         client.save_weights_for_sampler(self.run_dir / "final_adapter")
         return summary
 

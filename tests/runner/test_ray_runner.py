@@ -183,14 +183,14 @@ def reports_through_the_proxy(task: Any, endpoint: Endpoint) -> None:
 
 
 async def test_emit_reward_in_a_worker_reaches_the_proxy_store(proxy_server: Any) -> None:
-    async with SQLiteStore(proxy_server.store_path) as store:
-        runner = _runner(reports_through_the_proxy, store, server=proxy_server.base_url, api_key=proxy_server.api_key)
-        try:
-            (outcome,) = await runner.run(["t"])
-        finally:
-            runner.close()
-        assert outcome.status is RolloutStatus.SUCCEEDED, outcome.error
-        rewards = [(r.name, r.value, r.attempt_id) async for r in store.iter_rewards(outcome.rollout_id)]
+    store = proxy_server.running_store()  # the proxy's own: one writer on its file in this process
+    runner = _runner(reports_through_the_proxy, store, server=proxy_server.base_url, api_key=proxy_server.api_key)
+    try:
+        (outcome,) = await runner.run(["t"])
+    finally:
+        runner.close()
+    assert outcome.status is RolloutStatus.SUCCEEDED, outcome.error
+    rewards = [(r.name, r.value, r.attempt_id) async for r in store.iter_rewards(outcome.rollout_id)]
     (attempt,) = [a async for a in _attempts(proxy_server.store_path, outcome.rollout_id)]
     assert rewards == [("graded", 0.75, attempt)]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -179,6 +180,17 @@ async def test_unreachable_endpoint_is_a_delivery_error_naming_it(monkeypatch: p
         with pytest.raises(RewardDeliveryError, match="is running"):
             await emit_reward_async(1.0)
     assert time.monotonic() - started < 10
+
+
+def test_a_proxy_that_does_not_answer_in_time_points_to_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(semconv.ENV_REWARD_TIMEOUT_S, "0.5")
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections, never answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with rollout_context("ro-1", endpoint=url), pytest.raises(RewardDeliveryError) as info:
+            emit_reward(1.0)
+    message = str(info.value)
+    assert "within 0.5 s" in message and f"raise {semconv.ENV_REWARD_TIMEOUT_S}" in message
+    assert "not recorded" in message
 
 
 def test_bad_timeout_setting_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -190,6 +190,48 @@ async def test_store_sink_on_a_loop_in_another_thread(store: SQLiteStore, tmp_pa
         assert [r.value for r in await collect(reader.iter_rewards("ro-x", "at-x"))] == [0.5, 0.75]
 
 
+async def test_a_reward_commits_while_the_loop_that_opened_the_store_is_busy(store: SQLiteStore) -> None:
+    # The proxy's loop, busy serving other agents' requests on a loaded machine, is blocked outright
+    # here: an agent's reward must be committed by the store's writer without waiting for that loop.
+    set_reward_sink(StoreSink(store, asyncio.get_running_loop(), timeout_s=5.0))
+    errors: list[BaseException] = []
+
+    def agent() -> None:
+        async def async_agent() -> None:
+            await emit_reward_async(0.5, name="partial")
+
+        try:
+            with rollout_context("ro-busy", "at-1"):
+                asyncio.run(async_agent())  # an async agent on a loop of its own
+                emit_reward(1.0)  # a sync agent in a plain thread
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=agent)
+    thread.start()
+    thread.join(60)  # blocks this loop (the store's) on purpose; 60 s only bounds a hang
+    assert not thread.is_alive() and errors == []
+    rewards = await collect(store.iter_rewards("ro-busy", "at-1"))
+    assert [(r.name, r.value) for r in rewards] == [("partial", 0.5), ("reward", 1.0)]
+
+
+async def test_a_sync_reward_leaves_the_threads_own_event_loop_alone(store: SQLiteStore) -> None:
+    set_reward_sink(StoreSink(store, asyncio.get_running_loop()))
+
+    def sync_program() -> bool:
+        own = asyncio.new_event_loop()
+        asyncio.set_event_loop(own)  # a sync program that keeps a loop for later
+        try:
+            emit_reward(1.0, rollout_id="ro-own", attempt_id="at-1")
+            return asyncio.get_event_loop() is own
+        finally:
+            asyncio.set_event_loop(None)
+            own.close()
+
+    assert await asyncio.to_thread(sync_program)
+    assert [r.value for r in await collect(store.iter_rewards("ro-own"))] == [1.0]
+
+
 async def test_store_failure_is_a_delivery_error(tmp_path: Any) -> None:
     closed = SQLiteStore(tmp_path / "closed.db")  # never opened
     set_reward_sink(StoreSink(closed, asyncio.get_running_loop()))
