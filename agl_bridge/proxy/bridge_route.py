@@ -24,6 +24,16 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast, get_type_hints
 
+from litellm.llms.anthropic.pass_through.adapters.streaming_iterator import AnthropicStreamWrapper
+from litellm.llms.anthropic.pass_through.adapters.transformation import AnthropicAdapter
+from litellm.responses.additional_tools import hoist_additional_tools
+from litellm.responses.litellm_completion_transformation.streaming_iterator import (
+    LiteLLMCompletionStreamingIterator,
+)
+from litellm.responses.litellm_completion_transformation.transformation import LiteLLMCompletionResponsesConfig
+from litellm.responses.utils import ResponsesAPIRequestUtils
+from litellm.types.llms.openai import ResponsesAPIOptionalRequestParams
+from litellm.types.utils import ModelResponse, ModelResponseStream
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -141,16 +151,17 @@ class BridgeRoute:
         except Exception as exc:  # every refusal and failure is answered in the protocol's shape
             await send_error(send, _logged(api_error(exc), exc, scope), protocol)
             return
-        source = _prepended(first, chunks)
+        source = _Source(first, chunks)
         events = _anthropic_events(translated, source, call) if anthropic else _responses_events(translated, source)
         response = StreamingResponse(
-            _guarded(events, protocol, scope), media_type="text/event-stream", headers=SSE_HEADERS
+            _guarded(_opening_coalesced(events, source), protocol, scope),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
         )
         await response(scope, receive, send)
 
 
-def _chat_response(response_id: str, anthropic: bool) -> Any:
-    from litellm.types.utils import ModelResponse
+def _chat_response(response_id: str, anthropic: bool) -> ModelResponse:
 
     # Anthropic's message ids are `msg_…`; the rest still names the recorded call.
     return ModelResponse(id="msg_" + response_id.removeprefix("chatcmpl-") if anthropic else response_id)
@@ -161,7 +172,6 @@ def _chat_response(response_id: str, anthropic: bool) -> Any:
 
 def _from_anthropic(body: Mapping[str, Any]) -> _Translated:
     """An Anthropic Messages body as a chat body (LiteLLM's `AnthropicAdapter`)."""
-    from litellm.llms.anthropic.pass_through.adapters.transformation import AnthropicAdapter
 
     arguments = {k: v for k, v in body.items() if k in _ANTHROPIC_ARGUMENTS and k != "stream" and v is not None}
     arguments["model"] = f"{PROVIDER_NAME}/{body['model']}"
@@ -176,7 +186,6 @@ def _from_anthropic(body: Mapping[str, Any]) -> _Translated:
 
 
 def _anthropic_message(translated: _Translated, chat: Any, result: ChatResult) -> bytes:
-    from litellm.llms.anthropic.pass_through.adapters.transformation import AnthropicAdapter
 
     message = AnthropicAdapter().translate_completion_output_params(chat, tool_name_mapping=translated.tool_names)
     if message is None:
@@ -187,9 +196,8 @@ def _anthropic_message(translated: _Translated, chat: Any, result: ChatResult) -
 
 async def _anthropic_events(
     translated: _Translated, chunks: AsyncIterator[Any], call: StreamedCall
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[tuple[str, bytes]]:
     """Anthropic's stream events (LiteLLM's `AnthropicStreamWrapper`), completed from `call`."""
-    from litellm.llms.anthropic.pass_through.adapters.streaming_iterator import AnthropicStreamWrapper
 
     wrapper = AnthropicStreamWrapper(
         completion_stream=cast(Any, chunks), model=translated.model, tool_name_mapping=translated.tool_names
@@ -198,34 +206,21 @@ async def _anthropic_events(
         if isinstance(event, dict):
             event = anthropic_event_fixed(event, call)
             kind = str(event.get("type", "message"))
-            yield f"event: {kind}\ndata: {json.dumps(event, default=_jsonable)}\n\n".encode()
+            yield kind, f"event: {kind}\ndata: {json.dumps(event, default=_jsonable)}\n\n".encode()
 
 
 # ----------------------------------------------------------------------------------------- Responses
 
 _RESPONSES_ARGUMENTS = frozenset({"model", "input", "stream"})
-_RESPONSES_FIELDS: frozenset[str] | None = None
-
-
-def _responses_fields() -> frozenset[str]:
-    """The Responses request's optional fields as LiteLLM knows them (its `ResponsesAPIOptionalRequestParams`)."""
-    global _RESPONSES_FIELDS
-    if _RESPONSES_FIELDS is None:
-        from litellm.types.llms.openai import ResponsesAPIOptionalRequestParams
-
-        _RESPONSES_FIELDS = frozenset(get_type_hints(ResponsesAPIOptionalRequestParams)) - {"stream"}
-    return _RESPONSES_FIELDS
+_RESPONSES_FIELDS = frozenset(get_type_hints(ResponsesAPIOptionalRequestParams)) - {"stream"}
+"""The Responses request's optional fields as LiteLLM knows them; the others are passed on to the chat call."""
 
 
 async def _from_responses(service: ChatService, body: Mapping[str, Any]) -> _Translated:
     """A Responses body as a chat body (LiteLLM's `LiteLLMCompletionResponsesConfig`), continuing the recorded
     turns its `previous_response_id` names."""
-    from litellm.responses.additional_tools import hoist_additional_tools
-    from litellm.responses.litellm_completion_transformation.transformation import (
-        LiteLLMCompletionResponsesConfig,
-    )
 
-    known = _responses_fields()
+    known = _RESPONSES_FIELDS
     request = {k: v for k, v in body.items() if k in known and v is not None}
     extra = {
         k: v for k, v in body.items() if k not in known and k not in ("model", "input", "stream") and v is not None
@@ -251,10 +246,6 @@ async def _from_responses(service: ChatService, body: Mapping[str, Any]) -> _Tra
 
 
 def _responses_answer(translated: _Translated, chat: Any) -> bytes:
-    from litellm.responses.litellm_completion_transformation.transformation import (
-        LiteLLMCompletionResponsesConfig,
-    )
-    from litellm.responses.utils import ResponsesAPIRequestUtils
 
     response = LiteLLMCompletionResponsesConfig.transform_chat_completion_response_to_responses_api_response(
         request_input=translated.request_input,
@@ -267,11 +258,8 @@ def _responses_answer(translated: _Translated, chat: Any) -> bytes:
     return response.model_dump_json().encode()
 
 
-async def _responses_events(translated: _Translated, chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+async def _responses_events(translated: _Translated, chunks: AsyncIterator[Any]) -> AsyncIterator[tuple[str, bytes]]:
     """The Responses API's stream events (LiteLLM's `LiteLLMCompletionStreamingIterator`)."""
-    from litellm.responses.litellm_completion_transformation.streaming_iterator import (
-        LiteLLMCompletionStreamingIterator,
-    )
 
     events = LiteLLMCompletionStreamingIterator(
         model=translated.model,
@@ -282,16 +270,63 @@ async def _responses_events(translated: _Translated, chunks: AsyncIterator[Any])
     )
     async for event in events:
         data = event.model_dump_json(exclude_none=True, exclude_unset=True)
-        yield f"event: {getattr(event, 'type', 'message')}\ndata: {data}\n\n".encode()
+        kind = str(getattr(event, "type", "message"))
+        yield kind, f"event: {kind}\ndata: {data}\n\n".encode()
 
 
 # ----------------------------------------------------------------------------------------- streams
 
 
-async def _prepended(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    yield first
-    async for item in rest:
-        yield item
+class _Source:
+    """The served chunks (the first already sampled, then the rest), counting how many were read."""
+
+    def __init__(self, first: ModelResponseStream, rest: AsyncIterator[ModelResponseStream]) -> None:
+        self.first: ModelResponseStream | None = first
+        self.rest = rest
+        self.read = 0
+
+    def __aiter__(self) -> _Source:
+        return self
+
+    async def __anext__(self) -> ModelResponseStream:
+        self.read += 1
+        if self.first is not None:
+            first, self.first = self.first, None
+            return first
+        return await anext(self.rest)
+
+
+_OPENING_EVENTS = frozenset(
+    {
+        "message_start",
+        "content_block_start",
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    }
+)
+"""Events a stream opens with before its first content, all made from the first (already sampled) chunk."""
+
+
+async def _opening_coalesced(events: AsyncIterator[tuple[str, bytes]], source: _Source) -> AsyncIterator[bytes]:
+    """The events' bytes, the opening ones written together with the first content event.
+
+    A client then wakes once for its first token, as it does for a chat completion's first chunk,
+    not once per opening event (on a busy machine each wake-up can cost a scheduling slice). None
+    is held past the first chunk: the opening events all come from it.
+    """
+    opening: list[bytes] | None = []
+    async for kind, data in events:
+        if opening is not None and kind in _OPENING_EVENTS and source.read <= 1:
+            opening.append(data)
+            continue
+        if opening:
+            data = b"".join([*opening, data])
+        opening = None
+        yield data
+    if opening:
+        yield b"".join(opening)
 
 
 async def _guarded(events: AsyncIterator[bytes], protocol: WireProtocol, scope: Scope) -> AsyncIterator[bytes]:

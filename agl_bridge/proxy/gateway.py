@@ -82,6 +82,7 @@ _ROUTE_HEADERS = frozenset(
 )
 _NOT_BLANK = re.compile(rb"[^ \t\r\n]")
 _ADMITTED = "agl.admitted"
+_NOT_PARSED = object()
 _NOT_JSON = (
     b"application/x-protobuf",
     b"application/protobuf",
@@ -190,12 +191,18 @@ class Gateway:
                 await send_error(send, error, protocol)
                 return
         scope.setdefault("state", {})[_ADMITTED] = True
-        if scope["method"] == "POST" and path in BRIDGED_PATHS:
-            problem = _malformed_bridged(path, body)  # LiteLLM's bridges answer a malformed body with a 500
+        document: Any = _NOT_PARSED
+        if scope["method"] == "POST" and (path in CHAT_PATHS or path in BRIDGED_PATHS):
+            try:
+                document = json.loads(body)
+            except ValueError:
+                pass  # LiteLLM answers a body that is not JSON in shape
+        if path in BRIDGED_PATHS and document is not _NOT_PARSED:
+            problem = _malformed_bridged(path, document)  # LiteLLM's bridges answer a malformed body with a 500
             if problem is not None:
                 await send_error(send, problem, protocol)
                 return
-        served = self._served(scope, path, body)
+        served = self._served(document)
 
         async def dispatch(receive: Receive, send: Send) -> None:
             if served is not None:
@@ -212,19 +219,13 @@ class Gateway:
         with sampling_affinity(rollout):
             await cancelled_on_disconnect(dispatch, {"type": "http.request", "body": body}, receive, send)
 
-    def _served(self, scope: Scope, path: str, body: bytes) -> tuple[ChatService, dict[str, Any]] | None:
-        """The service and parsed body of a chat completion, Responses or Messages request for a served
-        model; None for other requests: a body that is not valid JSON, or asks for another model (or none)."""
-        if self.chat is None or scope["method"] != "POST" or not (path in CHAT_PATHS or path in BRIDGED_PATHS):
+    def _served(self, document: Any) -> tuple[ChatService, dict[str, Any]] | None:
+        """The service and body of a chat completion, Responses or Messages request (`document`, its parsed
+        body) for a served model; None for other requests: not one of those, or asking for another model."""
+        if self.chat is None or not isinstance(document, dict):
             return None
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            return None
-        if not isinstance(parsed, dict):
-            return None
-        service = self.chat.service_for(parsed)
-        return None if service is None else (service, parsed)
+        service = self.chat.service_for(document)
+        return None if service is None else (service, document)
 
     def _too_large(self, size: int | None) -> ApiError:
         told = f"is {size} bytes" if size is not None else "is longer than that"
@@ -248,12 +249,8 @@ class Gateway:
         return False
 
 
-def _malformed_bridged(path: str, body: bytes) -> ApiError | None:
-    """The refusal of a Responses / Anthropic body LiteLLM's bridge cannot take (whatever its model), or None."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return None  # LiteLLM answers a body that is not JSON in shape
+def _malformed_bridged(path: str, parsed: Any) -> ApiError | None:
+    """The refusal of a Responses / Anthropic body (parsed) that cannot be bridged (whatever its model), or None."""
     try:
         if not isinstance(parsed, dict) or not isinstance(parsed.get("model"), str):
             raise RequestError("model: the name of a served model is required", "model")
