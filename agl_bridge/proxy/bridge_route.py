@@ -55,8 +55,9 @@ from agl_bridge.proxy.sse import SSE_HEADERS, sse_data
 logger = logging.getLogger(__name__)
 
 MESSAGES_PATHS = frozenset({"/v1/messages", "/messages"})
+COUNT_TOKENS_PATHS = frozenset({"/v1/messages/count_tokens", "/messages/count_tokens"})
 RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})
-BRIDGED_PATHS = MESSAGES_PATHS | RESPONSES_PATHS
+BRIDGED_PATHS = MESSAGES_PATHS | COUNT_TOKENS_PATHS | RESPONSES_PATHS
 """The paths whose requests for a served model are answered here (LiteLLM serves the same)."""
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -113,11 +114,15 @@ class BridgeRoute:
         route: RolloutRoute,
     ) -> None:
         """Answer one bridged request (the body parsed and shape-checked, its model served by `service`)."""
-        anthropic = scope["path"] in MESSAGES_PATHS
+        anthropic = scope["path"] not in RESPONSES_PATHS
         protocol = WireProtocol.ANTHROPIC if anthropic else WireProtocol.OPENAI
         try:
             translated = _from_anthropic(body) if anthropic else await _from_responses(service, body)
             request = service.parse_request(translated.chat)
+            if scope["path"] in COUNT_TOKENS_PATHS:
+                counted = await service.count_prompt_tokens(request, route)
+                await _send_json(send, json.dumps({"input_tokens": counted}).encode())
+                return
             started = unique_start()
             response_id = call_id(route, started)
             if not translated.stream:
@@ -132,9 +137,7 @@ class BridgeRoute:
                 data = (
                     _anthropic_message(translated, chat, result) if anthropic else _responses_answer(translated, chat)
                 )
-                headers = [*_JSON_HEADERS, (b"content-length", str(len(data)).encode())]
-                await send({"type": "http.response.start", "status": 200, "headers": headers})
-                await send({"type": "http.response.body", "body": data})
+                await _send_json(send, data)
                 return
             call = StreamedCall()
             chunks = stream_chunks(
@@ -159,6 +162,12 @@ class BridgeRoute:
             headers=SSE_HEADERS,
         )
         await response(scope, receive, send)
+
+
+async def _send_json(send: Send, data: bytes) -> None:
+    headers = [*_JSON_HEADERS, (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
 
 
 def _chat_response(response_id: str, anthropic: bool) -> ModelResponse:

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 
 ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 _ROLLOUT_PATH = re.compile(r"^/rollout/(?P<rollout>[^/]*)/attempt/(?P<attempt>[^/]*)(?P<rest>/.*)?$")
+EMBEDDINGS_PATHS = frozenset({"/v1/embeddings", "/embeddings"})
 OPEN_PATHS = frozenset({"/health/liveliness", "/health/liveness", "/health/readiness"})
 """The only paths answered without the key: liveness/readiness probes that say only that the server is up."""
 
@@ -192,7 +193,7 @@ class Gateway:
                 return
         scope.setdefault("state", {})[_ADMITTED] = True
         document: Any = _NOT_PARSED
-        if scope["method"] == "POST" and (path in CHAT_PATHS or path in BRIDGED_PATHS):
+        if scope["method"] == "POST" and (path in CHAT_PATHS or path in BRIDGED_PATHS or path in EMBEDDINGS_PATHS):
             try:
                 document = json.loads(body)
             except ValueError:
@@ -205,7 +206,9 @@ class Gateway:
         served = self._served(document)
 
         async def dispatch(receive: Receive, send: Send) -> None:
-            if served is not None:
+            if served is not None and path in EMBEDDINGS_PATHS:
+                await send_error(send, _no_embeddings(path, served[1]["model"]))
+            elif served is not None:
                 service, parsed = served
                 route = route_of_headers({k.decode(): v.decode("latin-1") for k, v in headers if k in _ROUTE_HEADERS})
                 assert self.chat is not None
@@ -247,6 +250,16 @@ class Gateway:
             if hmac.compare_digest(candidate, self._key):
                 return True
         return False
+
+
+def _no_embeddings(path: str, model: str) -> ApiError:
+    """The refusal of an embeddings request for a served model (LiteLLM's route would fail with a 500)."""
+    message = (
+        f"POST {path} is not supported for {model!r}: agl-bridge serves its models for sampling only (chat "
+        "completions, completions, Responses, Anthropic Messages); embed with another model, e.g. one listed in "
+        "a --litellm-config"
+    )
+    return ApiError(501, message, param="model", code="unsupported")
 
 
 def _malformed_bridged(path: str, parsed: Any) -> ApiError | None:
