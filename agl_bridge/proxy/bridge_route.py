@@ -18,6 +18,7 @@ protocol's error event. What LiteLLM's translations leave out or need is filled 
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -279,7 +280,8 @@ async def _responses_events(translated: _Translated, chunks: AsyncIterator[Any])
     )
     async for event in events:
         data = event.model_dump_json(exclude_none=True, exclude_unset=True)
-        kind = str(getattr(event, "type", "message"))
+        kind = getattr(event, "type", "message")
+        kind = kind.value if isinstance(kind, enum.Enum) else str(kind)  # LiteLLM's event types are str enums
         yield kind, f"event: {kind}\ndata: {data}\n\n".encode()
 
 

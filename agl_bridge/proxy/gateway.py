@@ -20,8 +20,9 @@ In order, for an HTTP request:
    no LiteLLM), its Responses and Anthropic Messages requests to `bridge_route.BridgeRoute` (LiteLLM's
    translations called in-process, then the same chat service); our token routes (token-id
    `/v1/completions`, the LoRA routes, stored Responses) go to a bare app — none of LiteLLM's
-   middleware, logging or auth; everything else (other models, LiteLLM's routes, lifespan) goes to
-   LiteLLM's proxy app, whose self-written error bodies get a word `code` on the way out.
+   middleware, logging or auth; an embeddings request for a served model is a 501 (it only samples);
+   everything else (other models, LiteLLM's routes, lifespan) goes to LiteLLM's proxy app, whose
+   self-written error bodies get a word `code` on the way out.
 Every refusal is shaped by `agl_bridge.proxy.errors`; with the access log on, every request but the
 probes gets its line (`access_log`).
 """
@@ -199,7 +200,7 @@ class Gateway:
             except ValueError:
                 pass  # LiteLLM answers a body that is not JSON in shape
         if path in BRIDGED_PATHS and document is not _NOT_PARSED:
-            problem = _malformed_bridged(path, document)  # LiteLLM's bridges answer a malformed body with a 500
+            problem = _malformed_bridged(path, document)  # LiteLLM's translations crash on a malformed body
             if problem is not None:
                 await send_error(send, problem, protocol)
                 return
