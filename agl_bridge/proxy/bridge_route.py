@@ -23,7 +23,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast, get_type_hints
+from typing import Any, TypeVar, cast, get_type_hints
 
 from litellm.llms.anthropic.pass_through.adapters.streaming_iterator import AnthropicStreamWrapper
 from litellm.llms.anthropic.pass_through.adapters.transformation import AnthropicAdapter
@@ -38,11 +38,13 @@ from litellm.types.utils import ModelResponse, ModelResponseStream
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from agl_bridge.chat import PromptEncoding
 from agl_bridge.proxy.errors import ApiError, WireProtocol, api_error, error_body, send_error
 from agl_bridge.proxy.litellm_patches import (
     ChunkSource,
     anthropic_event_fixed,
     anthropic_message_fixed,
+    responses_stream_with_id,
     translation_refused,
 )
 from agl_bridge.proxy.litellm_wire import StreamedCall, model_response, stream_chunks
@@ -54,6 +56,7 @@ from agl_bridge.proxy.service import ChatService
 from agl_bridge.proxy.sse import SSE_HEADERS, sse_data
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MESSAGES_PATHS = frozenset({"/v1/messages", "/messages"})
 COUNT_TOKENS_PATHS = frozenset({"/v1/messages/count_tokens", "/messages/count_tokens"})
@@ -140,27 +143,34 @@ class BridgeRoute:
                 )
                 await _send_json(send, data)
                 return
-            call = StreamedCall()
-            chunks = stream_chunks(
-                service,
-                request,
-                route,
-                model=translated.model,
-                stream_id=response_id,
-                started=started,
-                hold_last=False,
-                call=call,
+            items = service.stream(request, route, started=started)
+            prompt = await anext(items)  # encoded: a prompt over the context is refused here
+            assert isinstance(prompt, PromptEncoding)  # the stream's first item
+            call = StreamedCall(prompt_tokens=len(prompt.token_ids))
+            chunks = _Source(
+                stream_chunks(
+                    _prepended(prompt, items),
+                    request,
+                    token_texts(service.codec.tokenizer),
+                    model=translated.model,
+                    stream_id=response_id,
+                    created=int(started),
+                    hold_last=False,
+                    call=call,
+                )
             )
-            first = await anext(chunks)  # failures before the first token get a JSON error with their status
+            if anthropic:
+                events = _opening_coalesced(_anthropic_events(translated, chunks, call), chunks)
+            else:
+                events = _opening_coalesced(_responses_events(translated, chunks, response_id), chunks)
+            # The opening events are made while the first token is sampled, and written with it; a failure
+            # before it gets a JSON error with its status.
+            first = await anext(events)
         except Exception as exc:  # every refusal and failure is answered in the protocol's shape
             await send_error(send, _logged(api_error(exc), exc, scope), protocol)
             return
-        source = _Source(first, chunks)
-        events = _anthropic_events(translated, source, call) if anthropic else _responses_events(translated, source)
         response = StreamingResponse(
-            _guarded(_opening_coalesced(events, source), protocol, scope),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
+            _guarded(_prepended(first, events), protocol, scope), media_type="text/event-stream", headers=SSE_HEADERS
         )
         await response(scope, receive, send)
 
@@ -268,15 +278,20 @@ def _responses_answer(translated: _Translated, chat: Any) -> bytes:
     return response.model_dump_json().encode()
 
 
-async def _responses_events(translated: _Translated, chunks: AsyncIterator[Any]) -> AsyncIterator[tuple[str, bytes]]:
+async def _responses_events(
+    translated: _Translated, chunks: AsyncIterator[Any], response_id: str
+) -> AsyncIterator[tuple[str, bytes]]:
     """The Responses API's stream events (LiteLLM's `LiteLLMCompletionStreamingIterator`)."""
 
-    events = LiteLLMCompletionStreamingIterator(
-        model=translated.model,
-        litellm_custom_stream_wrapper=ChunkSource.of(chunks),
-        request_input=translated.request_input,
-        responses_api_request=translated.responses_request,  # type: ignore[arg-type]
-        custom_llm_provider=PROVIDER_NAME,
+    events = responses_stream_with_id(
+        LiteLLMCompletionStreamingIterator(
+            model=translated.model,
+            litellm_custom_stream_wrapper=ChunkSource.of(chunks),
+            request_input=translated.request_input,
+            responses_api_request=translated.responses_request,  # type: ignore[arg-type]
+            custom_llm_provider=PROVIDER_NAME,
+        ),
+        response_id,
     )
     async for event in events:
         data = event.model_dump_json(exclude_none=True, exclude_unset=True)
@@ -289,11 +304,10 @@ async def _responses_events(translated: _Translated, chunks: AsyncIterator[Any])
 
 
 class _Source:
-    """The served chunks (the first already sampled, then the rest), counting how many were read."""
+    """The served chunks, counting how many were read."""
 
-    def __init__(self, first: ModelResponseStream, rest: AsyncIterator[ModelResponseStream]) -> None:
-        self.first: ModelResponseStream | None = first
-        self.rest = rest
+    def __init__(self, chunks: AsyncIterator[ModelResponseStream]) -> None:
+        self.chunks = chunks
         self.read = 0
 
     def __aiter__(self) -> _Source:
@@ -301,10 +315,13 @@ class _Source:
 
     async def __anext__(self) -> ModelResponseStream:
         self.read += 1
-        if self.first is not None:
-            first, self.first = self.first, None
-            return first
-        return await anext(self.rest)
+        return await anext(self.chunks)
+
+
+async def _prepended(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    yield first
+    async for item in rest:
+        yield item
 
 
 _OPENING_EVENTS = frozenset(
@@ -317,7 +334,7 @@ _OPENING_EVENTS = frozenset(
         "response.content_part.added",
     }
 )
-"""Events a stream opens with before its first content, all made from the first (already sampled) chunk."""
+"""Events a stream opens with before its first content: made before the first token or from it."""
 
 
 async def _opening_coalesced(events: AsyncIterator[tuple[str, bytes]], source: _Source) -> AsyncIterator[bytes]:
@@ -325,7 +342,7 @@ async def _opening_coalesced(events: AsyncIterator[tuple[str, bytes]], source: _
 
     A client then wakes once for its first token, as it does for a chat completion's first chunk,
     not once per opening event (on a busy machine each wake-up can cost a scheduling slice). None
-    is held past the first chunk: the opening events all come from it.
+    is held past the first chunk: the opening events all come before or from it.
     """
     opening: list[bytes] | None = []
     async for kind, data in events:

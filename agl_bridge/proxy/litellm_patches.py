@@ -9,7 +9,8 @@ with those two places made tolerant, the request reaches our own check, which an
 The protocol translations the front door calls (`bridge_route`): they crash on some malformed
 bodies (`translation_refused`), leave out Anthropic's stop sequence and prompt length
 (`anthropic_message_fixed`, `anthropic_event_fixed`), and the Responses streaming iterator takes
-a whole `CustomStreamWrapper` where it needs a chunk stream (`ChunkSource`).
+a whole `CustomStreamWrapper` where it needs a chunk stream (`ChunkSource`) and reads the first chunk
+before its opening events only to learn the response id (`responses_stream_with_id`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from agl_bridge.proxy.request import RequestError
 
 if TYPE_CHECKING:
     from litellm import CustomStreamWrapper
+    from litellm.responses.litellm_completion_transformation.streaming_iterator import (
+        LiteLLMCompletionStreamingIterator,
+    )
     from litellm.types.utils import ModelResponseStream
 
 _PATCHED_MODULES = (
@@ -148,3 +152,17 @@ class ChunkSource:
 
     async def __anext__(self) -> ModelResponseStream:
         return await anext(self._chunks)
+
+
+def responses_stream_with_id(
+    events: LiteLLMCompletionStreamingIterator, response_id: str
+) -> LiteLLMCompletionStreamingIterator:
+    """LiteLLM's Responses stream iterator, told the response's id before its first chunk.
+
+    It reads the first chunk before its opening events (`response.created`, `response.in_progress`)
+    only to learn the id they carry; the front door knows it beforehand, so the opening events are
+    made while the first token is sampled, not after it.
+    """
+    events._cached_response_id = response_id
+    events._response_id_primed = True
+    return events

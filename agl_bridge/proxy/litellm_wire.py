@@ -1,7 +1,7 @@
 """Our chat results as LiteLLM's chat types: what its provider interface returns and its protocol translators read.
 
-`model_response` fills a `ModelResponse` from a `ChatResult`; `stream_chunks` turns `ChatService.stream`
-into `ModelResponseStream` chunks. Both carry vLLM's extra fields when the request asks with
+`model_response` fills a `ModelResponse` from a `ChatResult`; `stream_chunks` turns the items of
+`ChatService.stream` into `ModelResponseStream` chunks. Both carry vLLM's extra fields when the request asks with
 `"return_token_ids": true`: top-level `prompt_token_ids` and `choices[i].token_ids`; in a stream,
 every chunk carries the ids of the tokens whose text it holds. Used by the LiteLLM provider
 (`provider`) and by the front door's Responses and Anthropic routes (`bridge_route`), which hand
@@ -27,9 +27,8 @@ from litellm.types.utils import (
 )
 
 from agl_bridge.chat import PromptEncoding, ToolCall
-from agl_bridge.proxy.openai_wire import TokenText, logprobs_content, token_texts, tool_call_deltas
-from agl_bridge.proxy.request import ChatRequest, ChatResult, RolloutRoute
-from agl_bridge.proxy.service import ChatService
+from agl_bridge.proxy.openai_wire import TokenText, logprobs_content, tool_call_deltas
+from agl_bridge.proxy.request import ChatRequest, ChatResult
 from agl_bridge.proxy.streaming import StreamDelta
 
 SYSTEM_FINGERPRINT = "agl-bridge"
@@ -72,26 +71,25 @@ def model_response(
 
 
 async def stream_chunks(
-    service: ChatService,
+    items: AsyncIterator[PromptEncoding | StreamDelta | ChatResult],
     request: ChatRequest,
-    route: RolloutRoute,
+    text_of: TokenText,
     *,
     model: str,
     stream_id: str,
-    started: float,
+    created: int,
     hold_last: bool,
     call: StreamedCall | None = None,
 ) -> AsyncIterator[ModelResponseStream]:
-    """A served stream as chunks: one per delta, then each choice's last chunk with its `finish_reason` (and
-    the usage on the very last). `call` learns the prompt's length and the result as they become known.
+    """A served stream (the items of `ChatService.stream`) as chunks: one per delta, then each choice's last
+    chunk with its `finish_reason` (and the usage on the very last). `call` learns the prompt's length and the
+    result as they become known.
 
     hold_last: each choice's newest delta is held back one step, so that its last chunk has content
     to carry finish_reason and usage (LiteLLM's stream wrapper drops a trailing chunk without
     content). With `top_logprobs`, a choice's content is held back whole and sent in its last chunk:
     the alternatives are scored once sampling has ended, and every token's entry must carry them.
     """
-    text_of = token_texts(service.codec.tokenizer)
-    created = int(started)
     prompt_ids: list[int] | None = None
     held: dict[int, StreamDelta] = {}
 
@@ -110,7 +108,7 @@ async def stream_chunks(
             out.system_fingerprint = SYSTEM_FINGERPRINT
         return out
 
-    async for item in service.stream(request, route, started=started):
+    async for item in items:
         if isinstance(item, PromptEncoding):
             prompt_ids = list(item.token_ids) if request.return_token_ids else None
             if call is not None:

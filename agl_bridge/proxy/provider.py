@@ -128,7 +128,13 @@ class AglProvider(CustomLLM):
             request = _request(service, messages, optional_params, litellm_params)
             route, started = route_of(litellm_params), unique_start()
             chunks = stream_chunks(
-                service, request, route, model=model, stream_id=call_id(route, started), started=started, hold_last=True
+                service.stream(request, route, started=started),
+                request,
+                token_texts(service.codec.tokenizer),
+                model=model,
+                stream_id=call_id(route, started),
+                created=int(started),
+                hold_last=True,
             )
             async for chunk in chunks:
                 yield chunk

@@ -37,14 +37,16 @@ def test_each_event_names_its_type_and_the_call_is_recorded(proxy_server: Any, p
 
 
 async def test_the_opening_events_go_out_with_the_first_content() -> None:
-    async def rest() -> AsyncIterator[Any]:
+    async def chunks() -> AsyncIterator[Any]:
+        yield "first chunk"
         yield "second chunk"
 
-    source = _Source("first chunk", rest())  # type: ignore[arg-type]  # the chunks' type does not matter here
+    source = _Source(chunks())
 
     async def events() -> AsyncIterator[tuple[str, bytes]]:
+        yield "response.created", b"response.created;"  # made before the first token
         await anext(source)
-        for kind in ("response.created", "response.in_progress", "response.output_text.delta"):
+        for kind in ("response.in_progress", "response.output_text.delta"):
             yield kind, kind.encode() + b";"
         await anext(source)  # the next token: nothing opening is held past it
         yield "response.output_item.added", b"late;"
