@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import enum
 import json
-import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast, get_type_hints
@@ -39,7 +38,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from agl_bridge.chat import PromptEncoding
-from agl_bridge.proxy.errors import ApiError, WireProtocol, api_error, error_body, send_error
+from agl_bridge.proxy.errors import WireProtocol, api_error, error_body, logged, send_error
 from agl_bridge.proxy.litellm_patches import (
     ChunkSource,
     anthropic_event_fixed,
@@ -55,7 +54,6 @@ from agl_bridge.proxy.responses import call_id, resolve_previous_response, uniqu
 from agl_bridge.proxy.service import ChatService
 from agl_bridge.proxy.sse import SSE_HEADERS, sse_data
 
-logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MESSAGES_PATHS = frozenset({"/v1/messages", "/messages"})
@@ -167,7 +165,7 @@ class BridgeRoute:
             # before it gets a JSON error with its status.
             first = await anext(events)
         except Exception as exc:  # every refusal and failure is answered in the protocol's shape
-            await send_error(send, _logged(api_error(exc), exc, scope), protocol)
+            await send_error(send, logged(api_error(exc), exc, scope), protocol)
             return
         response = StreamingResponse(
             _guarded(_prepended(first, events), protocol, scope), media_type="text/event-stream", headers=SSE_HEADERS
@@ -182,7 +180,6 @@ async def _send_json(send: Send, data: bytes) -> None:
 
 
 def _chat_response(response_id: str, anthropic: bool) -> ModelResponse:
-
     # Anthropic's message ids are `msg_…`; the rest still names the recorded call.
     return ModelResponse(id="msg_" + response_id.removeprefix("chatcmpl-") if anthropic else response_id)
 
@@ -206,7 +203,6 @@ def _from_anthropic(body: Mapping[str, Any]) -> _Translated:
 
 
 def _anthropic_message(translated: _Translated, chat: Any, result: ChatResult) -> bytes:
-
     message = AnthropicAdapter().translate_completion_output_params(chat, tool_name_mapping=translated.tool_names)
     if message is None:
         raise RuntimeError("LiteLLM's Anthropic adapter translated no message")
@@ -232,19 +228,17 @@ async def _anthropic_events(
 # ----------------------------------------------------------------------------------------- Responses
 
 _RESPONSES_ARGUMENTS = frozenset({"model", "input", "stream"})
-_RESPONSES_FIELDS = frozenset(get_type_hints(ResponsesAPIOptionalRequestParams)) - {"stream"}
-"""The Responses request's optional fields as LiteLLM knows them; the others are passed on to the chat call."""
+_RESPONSES_FIELDS = frozenset(get_type_hints(ResponsesAPIOptionalRequestParams)) - _RESPONSES_ARGUMENTS
+"""The Responses request's optional fields as LiteLLM knows them; the others are passed on to the chat call
+(as LiteLLM's handler does), where the chat service judges them."""
 
 
 async def _from_responses(service: ChatService, body: Mapping[str, Any]) -> _Translated:
     """A Responses body as a chat body (LiteLLM's `LiteLLMCompletionResponsesConfig`), continuing the recorded
     turns its `previous_response_id` names."""
 
-    known = _RESPONSES_FIELDS
-    request = {k: v for k, v in body.items() if k in known and v is not None}
-    extra = {
-        k: v for k, v in body.items() if k not in known and k not in ("model", "input", "stream") and v is not None
-    }
+    request = {k: v for k, v in body.items() if k in _RESPONSES_FIELDS and v is not None}
+    extra = {k: v for k, v in body.items() if k not in _RESPONSES_FIELDS | _RESPONSES_ARGUMENTS and v is not None}
     stream = body.get("stream") is True
     with translation_refused("Responses"):
         hoisted = hoist_additional_tools(body["input"], request.get("tools"))
@@ -266,7 +260,6 @@ async def _from_responses(service: ChatService, body: Mapping[str, Any]) -> _Tra
 
 
 def _responses_answer(translated: _Translated, chat: Any) -> bytes:
-
     response = LiteLLMCompletionResponsesConfig.transform_chat_completion_response_to_responses_api_response(
         request_input=translated.request_input,
         responses_api_request=translated.responses_request,  # type: ignore[arg-type]
@@ -363,7 +356,7 @@ async def _guarded(events: AsyncIterator[bytes], protocol: WireProtocol, scope: 
         async for event in events:
             yield event
     except Exception as exc:
-        error = error_body(_logged(api_error(exc), exc, scope), protocol)
+        error = error_body(logged(api_error(exc), exc, scope), protocol)
         yield b"event: error\n" + sse_data(error) if protocol is WireProtocol.ANTHROPIC else sse_data(error)
 
 
@@ -373,10 +366,3 @@ def _jsonable(value: Any) -> Any:
     if dump is None:
         raise TypeError(f"{type(value).__name__} is not JSON serializable")
     return dump(exclude_none=True)
-
-
-def _logged(error: ApiError, exc: BaseException, scope: Scope) -> ApiError:
-    """`error`, with the traceback of a server-side failure (5xx) in the log."""
-    if error.status >= 500:
-        logger.error("serving %s failed", scope.get("path"), exc_info=exc)
-    return error

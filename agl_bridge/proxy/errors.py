@@ -155,6 +155,13 @@ def api_error(exc: BaseException, *, method: str = "", path: str = "") -> ApiErr
     return ApiError(500, message, SERVER_ERROR, code="internal_error")
 
 
+def logged(error: ApiError, exc: BaseException, scope: Mapping[str, Any]) -> ApiError:
+    """`error` (what `exc` tells the client), with the traceback of a server-side failure (5xx) in the log."""
+    if error.status >= 500:
+        logger.error("serving %s failed", scope.get("path"), exc_info=exc)
+    return error
+
+
 def error_body(error: ApiError, protocol: WireProtocol = WireProtocol.OPENAI) -> dict[str, Any]:
     """The JSON body of `error` in `protocol`'s shape."""
     if protocol is WireProtocol.ANTHROPIC:

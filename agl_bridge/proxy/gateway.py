@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 _ROLLOUT_PATH = re.compile(r"^/rollout/(?P<rollout>[^/]*)/attempt/(?P<attempt>[^/]*)(?P<rest>/.*)?$")
 EMBEDDINGS_PATHS = frozenset({"/v1/embeddings", "/embeddings"})
+"""Embeddings: refused for a served model, which only samples (`_no_embeddings`)."""
 OPEN_PATHS = frozenset({"/health/liveliness", "/health/liveness", "/health/readiness"})
 """The only paths answered without the key: liveness/readiness probes that say only that the server is up."""
 
