@@ -6,6 +6,9 @@ allow-list, its logging for built-in tool cost tracking — so a body with `"too
 with those two places made tolerant, the request reaches our own check, which answers 400 naming
 `tools`.
 
+FastAPI resolves the routes of LiteLLM's large app lazily, on the first request that reaches it
+(`resolve_routes_in_background`).
+
 The protocol translations the front door calls (`bridge_route`): they crash on some malformed
 bodies (`translation_refused`), leave out Anthropic's stop sequence and prompt length
 (`anthropic_message_fixed`, `anthropic_event_fixed`), and the Responses streaming iterator takes
@@ -16,6 +19,7 @@ before its opening events only to learn the response id (`responses_stream_with_
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
@@ -166,3 +170,20 @@ def responses_stream_with_id(
     events._cached_response_id = response_id
     events._response_id_primed = True
     return events
+
+
+def resolve_routes_in_background(app: Any) -> None:
+    """Have FastAPI resolve the routes of LiteLLM's app now, in a background thread.
+
+    FastAPI (0.16x) resolves an app's included routers lazily, on the first request that reaches
+    them; for LiteLLM's hundreds of routes that takes 1-3 s of CPU, which the first request LiteLLM
+    serves would wait for (a client's `GET /v1/models`, say). Matching a path no route has resolves
+    them all; FastAPI guards the resolution with a lock, so requests meanwhile are served as usual.
+    """
+    probe = {"type": "http", "path": "/agl-bridge/resolve-routes", "method": "GET", "headers": [], "root_path": ""}
+
+    def resolve() -> None:
+        for route in app.router.routes:
+            route.matches(probe)
+
+    threading.Thread(target=resolve, name="agl-resolve-litellm-routes", daemon=True).start()
