@@ -7,7 +7,7 @@ with those two places made tolerant, the request reaches our own check, which an
 `tools`.
 
 FastAPI resolves the routes of LiteLLM's large app lazily, on the first request that reaches it
-(`resolve_routes_in_background`).
+(`resolve_routes`).
 
 The protocol translations the front door calls (`bridge_route`): they crash on some malformed
 bodies (`translation_refused`), leave out Anthropic's stop sequence and prompt length
@@ -19,7 +19,6 @@ before its opening events only to learn the response id (`responses_stream_with_
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
@@ -172,18 +171,14 @@ def responses_stream_with_id(
     return events
 
 
-def resolve_routes_in_background(app: Any) -> None:
-    """Have FastAPI resolve the routes of LiteLLM's app now, in a background thread.
+def resolve_routes(app: Any) -> None:
+    """Have FastAPI resolve the routes of LiteLLM's app now (the server calls it before it reports ready).
 
     FastAPI (0.16x) resolves an app's included routers lazily, on the first request that reaches
-    them; for LiteLLM's hundreds of routes that takes 1-3 s of CPU, which the first request LiteLLM
-    serves would wait for (a client's `GET /v1/models`, say). Matching a path no route has resolves
-    them all; FastAPI guards the resolution with a lock, so requests meanwhile are served as usual.
+    them; for LiteLLM's hundreds of routes that takes about 1 s of CPU (3 s on a busy machine), which
+    the first request LiteLLM serves would wait for (a client's `GET /v1/models`, say). Matching a
+    path no route has resolves them all.
     """
     probe = {"type": "http", "path": "/agl-bridge/resolve-routes", "method": "GET", "headers": [], "root_path": ""}
-
-    def resolve() -> None:
-        for route in app.router.routes:
-            route.matches(probe)
-
-    threading.Thread(target=resolve, name="agl-resolve-litellm-routes", daemon=True).start()
+    for route in app.router.routes:
+        route.matches(probe)
