@@ -161,7 +161,7 @@ class BridgeRoute:
                 events = _opening_coalesced(_anthropic_events(translated, chunks, call), chunks)
             else:
                 events = _opening_coalesced(_responses_events(translated, chunks, response_id), chunks)
-            # The opening events are made while the first token is sampled, and written with it; a failure
+            # The opening events are made before the first token is sampled and written with it; a failure
             # before it gets a JSON error with its status.
             first = await anext(events)
         except Exception as exc:  # every refusal and failure is answered in the protocol's shape

@@ -164,7 +164,7 @@ def responses_stream_with_id(
 
     It reads the first chunk before its opening events (`response.created`, `response.in_progress`)
     only to learn the id they carry; the front door knows it beforehand, so the opening events are
-    made while the first token is sampled, not after it.
+    made before the first token is sampled, not between it and its write.
     """
     events._cached_response_id = response_id
     events._response_id_primed = True
