@@ -1,10 +1,10 @@
-"""The shape of Anthropic Messages and Responses bodies, checked before LiteLLM's bridges see them.
+"""The shape of Anthropic Messages and Responses bodies, checked before LiteLLM's translations see them.
 
-LiteLLM's bridges (1.106.2) trust the body's shape: `"messages": null` on `/v1/messages`, a string
-where an object belongs, a content block without its fields, each crash them into a 500. For a
-served model the front door checks the fields the bridges read first, and refuses a malformed one
-with a 400 naming it (`RequestError`), in the protocol's shape. Only shape is checked here; what the
-fields mean is the chat service's to judge once the bridge has translated them.
+LiteLLM's translations (1.106.2) trust the body's shape: `"messages": null` on `/v1/messages`, a string
+where an object belongs, a content block without its fields, each crash them into a 500. The front
+door checks the fields they read first (whatever the model: LiteLLM's own bridges crash alike), and
+refuses a malformed one with a 400 naming it (`RequestError`), in the protocol's shape. Only shape is
+checked here; what the fields mean is the chat service's to judge once they are translated.
 """
 
 from __future__ import annotations
@@ -29,17 +29,18 @@ _BLOCK_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 
 
 def check_bridged(path: str, body: Mapping[str, Any]) -> None:
-    """Refuse a `/v1/messages` or `/v1/responses` body LiteLLM's bridge cannot take, naming the field."""
+    """Refuse a `/v1/messages` (`/count_tokens`) or `/v1/responses` body LiteLLM cannot translate, naming the field."""
     if "metadata" in body and not isinstance(body["metadata"], dict):  # LiteLLM updates it in place
         raise RequestError("metadata must be an object (or left out)", "metadata")
-    if path.endswith("/messages"):
-        check_anthropic(body)
-    else:
+    if path.endswith("/responses"):
         check_responses(body)
+    else:
+        check_anthropic(body, counting=path.endswith("/count_tokens"))
 
 
-def check_anthropic(body: Mapping[str, Any]) -> None:
-    """Anthropic Messages: `messages`, `max_tokens`, `system`, the sampling fields, `tools`, `thinking`."""
+def check_anthropic(body: Mapping[str, Any], *, counting: bool = False) -> None:
+    """Anthropic Messages: `messages`, `max_tokens` (not when `counting` tokens), `system`, the sampling fields,
+    `tools`, `thinking`."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages: a non-empty list of {role, content} objects is required", "messages")
@@ -53,7 +54,9 @@ def check_anthropic(body: Mapping[str, Any]) -> None:
             )
         _content(message.get("content"), f"{where}.content", required=True)
     max_tokens = body.get("max_tokens")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+    if (not counting or max_tokens is not None) and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
         raise RequestError(f"max_tokens: an integer >= 1 is required, got {max_tokens!r:.50}", "max_tokens")
     _content(body.get("system"), "system", required=False)
     _optional(body, "stop_sequences", _list_of(str))

@@ -14,7 +14,6 @@ failure after that ends the stream with an `error` event (the `openai` client ra
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -22,13 +21,11 @@ from openai.types.chat import ChatCompletionChunk
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from agl_bridge.proxy.errors import ApiError, api_error, error_body, send_error
+from agl_bridge.proxy.errors import api_error, error_body, logged, send_error
 from agl_bridge.proxy.openai_wire import ChunkWriter, completion, token_texts
 from agl_bridge.proxy.request import ChatRequest, RolloutRoute
 from agl_bridge.proxy.service import ChatService
 from agl_bridge.proxy.sse import SSE_DONE, SSE_HEADERS, sse_data, stream_options
-
-logger = logging.getLogger(__name__)
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 """The paths whose requests for a served model are answered here (LiteLLM serves the same two)."""
@@ -74,7 +71,7 @@ class ChatRoute:
             chunks = _chunks(service, request, route, writer)
             first = await anext(chunks)  # failures before the first chunk get a JSON error with their status
         except Exception as exc:  # every refusal and failure is answered in OpenAI's shape
-            await send_error(send, _logged(api_error(exc), exc, scope))
+            await send_error(send, logged(api_error(exc), exc, scope))
             return
         response = StreamingResponse(_events(first, chunks, scope), media_type="text/event-stream", headers=SSE_HEADERS)
         await response(scope, receive, send)
@@ -97,7 +94,7 @@ async def _events(
         async for chunk in chunks:
             yield _event(chunk)
     except Exception as exc:  # the status is sent already: the error goes in the stream
-        error = _logged(api_error(exc), exc, scope)
+        error = logged(api_error(exc), exc, scope)
         yield sse_data(error_body(error))
         return
     yield SSE_DONE
@@ -105,10 +102,3 @@ async def _events(
 
 def _event(chunk: ChatCompletionChunk) -> bytes:
     return b"data: " + chunk.model_dump_json(exclude_unset=True).encode() + b"\n\n"
-
-
-def _logged(error: ApiError, exc: BaseException, scope: Scope) -> ApiError:
-    """`error`, with the traceback of a server-side failure (5xx) in the log."""
-    if error.status >= 500:
-        logger.error("serving %s failed", scope.get("path"), exc_info=exc)
-    return error

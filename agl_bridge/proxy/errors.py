@@ -35,7 +35,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Message, Send
 
 from agl_bridge import semconv
-from agl_bridge.proxy.request import BridgedCall, RequestError
+from agl_bridge.proxy.request import RequestError
 from agl_bridge.sampler.remote_errors import RemoteSamplerError
 from agl_bridge.store.errors import (
     AttemptNotFoundError,
@@ -153,6 +153,13 @@ def api_error(exc: BaseException, *, method: str = "", path: str = "") -> ApiErr
         )
     message = f"the server failed unexpectedly ({type(exc).__name__}); see the server log"
     return ApiError(500, message, SERVER_ERROR, code="internal_error")
+
+
+def logged(error: ApiError, exc: BaseException, scope: Mapping[str, Any]) -> ApiError:
+    """`error` (what `exc` tells the client), with the traceback of a server-side failure (5xx) in the log."""
+    if error.status >= 500:
+        logger.error("serving %s failed", scope.get("path"), exc_info=exc)
+    return error
 
 
 def error_body(error: ApiError, protocol: WireProtocol = WireProtocol.OPENAI) -> dict[str, Any]:
@@ -286,42 +293,6 @@ def with_word_codes(send: Send) -> Send:
         await send(message)
 
     return fixing_send
-
-
-def holding_stream_start(send: Send, call: BridgedCall, protocol: WireProtocol) -> Send:
-    """`send` for a stream LiteLLM bridges: what the app sends is held until `call` says the provider
-    sampled its first chunk (then it all goes out) or failed before (then the client gets the failure
-    as a plain error with its status, in `protocol`'s shape, and the rest of the stream is dropped).
-
-    A response that is not a 200 event stream passes through untouched.
-    """
-    held: list[Message] = []
-    state = {"holding": True, "refused": False}
-
-    async def holding_send(message: Message) -> None:
-        if state["refused"]:
-            return
-        if not state["holding"]:
-            await send(message)
-            return
-        if call.failure is not None:
-            state["refused"] = True
-            await send_error(send, api_error(call.failure), protocol)
-            return
-        if message["type"] == "http.response.start" and (
-            message["status"] != 200
-            or b"event-stream" not in dict(message.get("headers") or []).get(b"content-type", b"")
-        ):
-            state["holding"] = False
-        held.append(message)
-        ending = message["type"] == "http.response.body" and not message.get("more_body", False)
-        if call.sampled or ending or not state["holding"]:
-            state["holding"] = False
-            for pending in held:
-                await send(pending)
-            held.clear()
-
-    return holding_send
 
 
 def _with_word_code(body: bytes, status: int) -> bytes:

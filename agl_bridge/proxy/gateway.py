@@ -17,11 +17,12 @@ In order, for an HTTP request:
 4. The rollout becomes the sampler's affinity key while the request is served
    (`agl_bridge.sampler.affinity`), so a remote sampler keeps a rollout on one server.
 5. Dispatch: a chat completion for a served model goes to `chat_route.ChatRoute` (the hot RL path,
-   no LiteLLM); our token routes (token-id `/v1/completions`, the LoRA routes) go to a bare app —
-   none of LiteLLM's middleware, logging or auth; everything else (other models, LiteLLM's routes and
-   protocol bridges, lifespan) goes to LiteLLM's proxy app, whose self-written error bodies get a
-   word `code` on the way out. A Responses or Anthropic stream for a served model is held until its
-   provider has sampled (`request.BridgedCall`), so a refusal before sampling is a plain 4xx.
+   no LiteLLM), its Responses and Anthropic Messages requests to `bridge_route.BridgeRoute` (LiteLLM's
+   translations called in-process, then the same chat service); our token routes (token-id
+   `/v1/completions`, the LoRA routes, stored Responses) go to a bare app — none of LiteLLM's
+   middleware, logging or auth; an embeddings request for a served model is a 501 (it only samples);
+   everything else (other models, LiteLLM's routes, lifespan) goes to LiteLLM's proxy app, whose
+   self-written error bodies get a word `code` on the way out.
 Every refusal is shaped by `agl_bridge.proxy.errors`; with the access log on, every request but the
 probes gets its line (`access_log`).
 """
@@ -32,10 +33,8 @@ import hmac
 import json
 import logging
 import re
-from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, contextmanager
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from starlette.routing import BaseRoute
@@ -43,23 +42,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agl_bridge import semconv
 from agl_bridge.proxy.access_log import ACCESS_LOGGER, logged
-from agl_bridge.proxy.anthropic_wire import with_anthropic_fields
 from agl_bridge.proxy.bridge_checks import check_bridged
+from agl_bridge.proxy.bridge_route import BRIDGED_PATHS, BridgeRoute
 from agl_bridge.proxy.chat_route import CHAT_PATHS, ChatRoute
 from agl_bridge.proxy.disconnect import cancelled_on_disconnect
 from agl_bridge.proxy.errors import (
     AUTHENTICATION,
     ApiError,
-    WireProtocol,
     api_error,
-    holding_stream_start,
     install_error_handlers,
     protocol_of,
     send_error,
     with_word_codes,
 )
-from agl_bridge.proxy.request import BRIDGED_CALL, BridgedCall, RequestError, route_of_headers
-from agl_bridge.proxy.responses import PRIOR_TURNS, resolve_previous_response
+from agl_bridge.proxy.request import RequestError, route_of_headers
 from agl_bridge.sampler.affinity import sampling_affinity
 
 if TYPE_CHECKING:
@@ -67,12 +63,10 @@ if TYPE_CHECKING:
 
     from agl_bridge.proxy.service import ChatService
 
-T = TypeVar("T")
 ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 _ROLLOUT_PATH = re.compile(r"^/rollout/(?P<rollout>[^/]*)/attempt/(?P<attempt>[^/]*)(?P<rest>/.*)?$")
-RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})
-BRIDGED_PATHS = RESPONSES_PATHS | {"/v1/messages", "/messages"}
-"""Routes LiteLLM bridges onto chat completions (Responses, Anthropic Messages)."""
+EMBEDDINGS_PATHS = frozenset({"/v1/embeddings", "/embeddings"})
+"""Embeddings: refused for a served model, which only samples (`_no_embeddings`)."""
 OPEN_PATHS = frozenset({"/health/liveliness", "/health/liveness", "/health/readiness"})
 """The only paths answered without the key: liveness/readiness probes that say only that the server is up."""
 
@@ -91,6 +85,7 @@ _ROUTE_HEADERS = frozenset(
 )
 _NOT_BLANK = re.compile(rb"[^ \t\r\n]")
 _ADMITTED = "agl.admitted"
+_NOT_PARSED = object()
 _NOT_JSON = (
     b"application/x-protobuf",
     b"application/protobuf",
@@ -109,7 +104,8 @@ class Gateway:
     """The front door: rollout routing, the key, id and body checks, affinity, and dispatch.
 
     `app` is LiteLLM's proxy app; `routes` are ours, served from a bare app on their paths (any
-    method: a wrong one gets that app's 405); `chat` answers chat completions for served models.
+    method: a wrong one gets that app's 405); `chat` answers chat completions for served models, and
+    `bridges` their Responses and Anthropic Messages requests (by default a `BridgeRoute`).
     """
 
     def __init__(
@@ -119,6 +115,7 @@ class Gateway:
         api_key: str,
         routes: Iterable[BaseRoute] = (),
         chat: ChatRoute | None = None,
+        bridges: BridgeRoute | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         if not api_key:
@@ -127,6 +124,7 @@ class Gateway:
             raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
         self.app = app
         self.chat = chat
+        self.bridges = bridges or BridgeRoute()
         self.max_body_bytes = max_body_bytes
         self._key = api_key.encode()
         self.own = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, telemetry=NO_NATIVE_TELEMETRY)
@@ -196,74 +194,43 @@ class Gateway:
                 await send_error(send, error, protocol)
                 return
         scope.setdefault("state", {})[_ADMITTED] = True
-        if scope["method"] == "POST" and path in BRIDGED_PATHS:
-            problem = _malformed_bridged(path, body)  # LiteLLM's bridges answer a malformed body with a 500
+        document: Any = _NOT_PARSED
+        if scope["method"] == "POST" and (path in CHAT_PATHS or path in BRIDGED_PATHS or path in EMBEDDINGS_PATHS):
+            try:
+                document = json.loads(body)
+            except ValueError:
+                pass  # LiteLLM answers a body that is not JSON in shape
+        if path in BRIDGED_PATHS and document is not _NOT_PARSED:
+            problem = _malformed_bridged(path, document)  # LiteLLM's translations crash on a malformed body
             if problem is not None:
                 await send_error(send, problem, protocol)
                 return
-        served = self._served(scope, path, body)
+        served = self._served(document)
 
         async def dispatch(receive: Receive, send: Send) -> None:
-            if served is not None and path in CHAT_PATHS:
-                assert self.chat is not None
+            if served is not None and path in EMBEDDINGS_PATHS:
+                await send_error(send, _no_embeddings(path, served[1]["model"]))
+            elif served is not None:
                 service, parsed = served
                 route = route_of_headers({k.decode(): v.decode("latin-1") for k, v in headers if k in _ROUTE_HEADERS})
-                await self.chat(scope, receive, send, service=service, body=parsed, route=route)
+                assert self.chat is not None
+                answer: ChatRoute | BridgeRoute = self.chat if path in CHAT_PATHS else self.bridges
+                await answer(scope, receive, send, service=service, body=parsed, route=route)
             elif path in self._own_paths or path.startswith(self._own_prefixes):
                 await self.own(scope, receive, send)
             else:
-                await self._litellm(scope, receive, with_word_codes(send), served, protocol)
+                await self.app(scope, receive, with_word_codes(send))
 
         with sampling_affinity(rollout):
             await cancelled_on_disconnect(dispatch, {"type": "http.request", "body": body}, receive, send)
 
-    async def _litellm(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        served: tuple[ChatService, dict[str, Any]] | None,
-        protocol: WireProtocol,
-    ) -> None:
-        """Pass a request to LiteLLM's app. A Responses request for a served model gets the turns its
-        `previous_response_id` continues (or its 404); a bridged stream is held until sampling starts."""
-        if served is None:
-            await self.app(scope, receive, send)
-            return
-        service, body = served
-        path = scope["path"]
-        with ExitStack() as context:
-            try:
-                prior = None
-                if path in RESPONSES_PATHS and body.get("previous_response_id") is not None:
-                    prior = await resolve_previous_response(service.recorder.store, service.codec, body)
-            except Exception as exc:  # a malformed field, an unknown id (404), no store (503): answered in shape
-                await send_error(send, api_error(exc), protocol)
-                return
-            if prior is not None:
-                context.enter_context(_set(PRIOR_TURNS, prior))
-            if path in BRIDGED_PATHS:
-                bridged = BridgedCall()
-                context.enter_context(_set(BRIDGED_CALL, bridged))
-                if protocol is WireProtocol.ANTHROPIC:
-                    send = with_anthropic_fields(send, bridged)
-                if body.get("stream") is True:
-                    send = holding_stream_start(send, bridged, protocol)
-            await self.app(scope, receive, send)
-
-    def _served(self, scope: Scope, path: str, body: bytes) -> tuple[ChatService, dict[str, Any]] | None:
-        """The service and parsed body of a chat completion, Responses or Messages request for a served
-        model; None for other requests: a body that is not valid JSON, or asks for another model (or none)."""
-        if self.chat is None or scope["method"] != "POST" or not (path in CHAT_PATHS or path in BRIDGED_PATHS):
+    def _served(self, document: Any) -> tuple[ChatService, dict[str, Any]] | None:
+        """The service and body of a chat completion, Responses or Messages request (`document`, its parsed
+        body) for a served model; None for other requests: not one of those, or asking for another model."""
+        if self.chat is None or not isinstance(document, dict):
             return None
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            return None
-        if not isinstance(parsed, dict):
-            return None
-        service = self.chat.service_for(parsed)
-        return None if service is None else (service, parsed)
+        service = self.chat.service_for(document)
+        return None if service is None else (service, document)
 
     def _too_large(self, size: int | None) -> ApiError:
         told = f"is {size} bytes" if size is not None else "is longer than that"
@@ -287,12 +254,18 @@ class Gateway:
         return False
 
 
-def _malformed_bridged(path: str, body: bytes) -> ApiError | None:
-    """The refusal of a Responses / Anthropic body LiteLLM's bridge cannot take (whatever its model), or None."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return None  # LiteLLM answers a body that is not JSON in shape
+def _no_embeddings(path: str, model: str) -> ApiError:
+    """The refusal of an embeddings request for a served model (LiteLLM's route would fail with a 500)."""
+    message = (
+        f"POST {path} is not supported for {model!r}: agl-bridge serves its models for sampling only (chat "
+        "completions, completions, Responses, Anthropic Messages); embed with another model, e.g. one listed in "
+        "a --litellm-config"
+    )
+    return ApiError(501, message, param="model", code="unsupported")
+
+
+def _malformed_bridged(path: str, parsed: Any) -> ApiError | None:
+    """The refusal of a Responses / Anthropic body (parsed) that cannot be bridged (whatever its model), or None."""
     try:
         if not isinstance(parsed, dict) or not isinstance(parsed.get("model"), str):
             raise RequestError("model: the name of a served model is required", "model")
@@ -300,16 +273,6 @@ def _malformed_bridged(path: str, body: bytes) -> ApiError | None:
     except RequestError as error:
         return api_error(error)
     return None
-
-
-@contextmanager
-def _set(variable: ContextVar[T], value: T) -> Iterator[None]:
-    """`variable` set to `value` for the duration of the block."""
-    token = variable.set(value)
-    try:
-        yield
-    finally:
-        variable.reset(token)
 
 
 def _logged_route(scope: Scope) -> tuple[str, str | None, str | None]:

@@ -48,28 +48,6 @@ def flag_field(body: Mapping[str, Any], name: str) -> bool:
 
 
 @dataclass
-class BridgedCall:
-    """What the provider tells the front door about a served call LiteLLM bridges (Responses, Anthropic).
-
-    LiteLLM's bridges answer 200 and their protocol's opening events before the provider runs, so
-    a refusal known before sampling (a prompt over the context) would reach the client as an error
-    event in a 200 stream; the gateway holds a stream until `sampled` or `failure` says how the
-    provider began (`errors.holding_stream_start`) and answers a failure as a plain error with its
-    status. LiteLLM's Anthropic bridge also leaves out what `prompt_tokens` and `stop_sequence`
-    hold (`anthropic_wire`).
-    """
-
-    sampled: bool = False
-    failure: BaseException | None = None
-    prompt_tokens: int | None = None
-    stop_sequence: str | None = None
-
-
-BRIDGED_CALL: ContextVar[BridgedCall | None] = ContextVar("agl_bridged_call", default=None)
-"""The `BridgedCall` of the bridged request being served in this context (None outside one)."""
-
-
-@dataclass
 class RequestTokens:
     """The tokens of the calls one request recorded (prompt once per call, every choice's sampled ids)."""
 

@@ -20,7 +20,6 @@ import base64
 import json
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,10 +138,6 @@ def _answered(history: list[dict[str, Any]], messages: list[dict[str, Any]]) -> 
         for index, call in enumerate(calls)
     ]
     return [*history[:-1], {**history[-1], "tool_calls": renamed}]
-
-
-PRIOR_TURNS: ContextVar[PriorTurns | None] = ContextVar("agl_prior_turns", default=None)
-"""The turns a bridged Responses request continues, set by the gateway while it is served."""
 
 
 async def resolve_previous_response(store: Store, codec: ChatCodec, body: dict[str, Any]) -> PriorTurns | None:

@@ -40,7 +40,7 @@ from agl_bridge.proxy.errors import install_error_handlers
 from agl_bridge.proxy.gateway import NO_NATIVE_TELEMETRY, Gateway
 from agl_bridge.proxy.lifecycle import make_lifecycle_router
 from agl_bridge.proxy.litellm_hooks import GATEWAY_AUTH, ModelCheck, TextCallLogger
-from agl_bridge.proxy.litellm_patches import patch_litellm
+from agl_bridge.proxy.litellm_patches import patch_litellm, resolve_routes
 from agl_bridge.proxy.provider import PROVIDER_NAME, AglProvider
 from agl_bridge.proxy.recording import CallRecorder
 from agl_bridge.proxy.request import RequestError
@@ -334,6 +334,7 @@ class ProxyServer:
             if serving.done():
                 await serving
                 raise ProxyStartError("the HTTP server stopped during start-up")
+            await asyncio.to_thread(resolve_routes, front.app)  # before any client's first request
             self._ready.set()
             if on_ready is not None:
                 on_ready(self)

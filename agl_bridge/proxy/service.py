@@ -204,6 +204,12 @@ class ChatService:
         assert sampled is not None
         yield await self._finish(request, route, prompt, sampled, started, streamers)
 
+    async def count_prompt_tokens(self, request: ChatRequest, route: RolloutRoute) -> int:
+        """How many tokens the request's prompt is, encoded exactly as `complete` would encode it (nothing sampled
+        or recorded)."""
+        await self._catch_up(request, route)
+        return len((await self._encode(request, route)).token_ids)
+
     async def _catch_up(self, request: ChatRequest, route: RolloutRoute) -> None:
         """Refill the rollout's token cache from the store if the conversation holds turns it has not seen."""
         if self.history is None or route.cache_key is None or route.rollout_id is None:

@@ -1,6 +1,7 @@
 """Anthropic's `/v1/messages` as its spec says, streamed or not: `msg_` ids, `stop_reason: "stop_sequence"` with
-the `stop_sequence` that ended the text, usage with the prompt's real length; and the chat route's usage chunk
-has no choices, as OpenAI's."""
+the `stop_sequence` that ended the text, usage with the prompt's real length; `count_tokens` counts with the
+served tokenizer and chat template; the chat route's usage chunk has no choices, as OpenAI's; embeddings are
+refused, naming the route."""
 
 from __future__ import annotations
 
@@ -87,3 +88,43 @@ def test_the_chat_routes_usage_chunk_has_no_choices(proxy_server: Any) -> None:
     chunks = [json.loads(line[6:]) for line in answered.text.splitlines() if line.startswith("data: {")]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] >= 1
     assert all(chunk["choices"] for chunk in chunks[:-1])
+
+
+def test_count_tokens_counts_the_prompt_the_served_call_samples_from(proxy_server: Any) -> None:
+    rid = new_id("count")
+    body = {
+        "model": MODEL,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": "How many tokens is this?"}],
+        "tools": [{"name": "clock", "description": "Tell the time.", "input_schema": {"type": "object"}}],
+    }
+    counted = httpx.post(
+        f"{proxy_server.base_url}/rollout/{rid}/attempt/a1/v1/messages/count_tokens",
+        json=body,
+        headers=auth(proxy_server),
+        timeout=60,
+    )
+    assert counted.status_code == 200, counted.text
+    assert stored_calls(proxy_server, rid) == []  # counting samples and records nothing
+    answered = _messages(proxy_server, rid, False, **body, max_tokens=2)
+    assert answered.status_code == 200, answered.text
+    (call,) = stored_calls(proxy_server, rid)
+    assert counted.json() == {"input_tokens": len(call.prompt_token_ids)}
+    refused = httpx.post(
+        f"{proxy_server.base_url}/v1/messages/count_tokens",
+        json={"model": MODEL, "messages": None},
+        headers=auth(proxy_server),
+        timeout=60,
+    )
+    assert refused.status_code == 400 and refused.json()["type"] == "error"
+    assert "messages" in refused.json()["error"]["message"]
+
+
+def test_embeddings_are_refused_naming_the_route(proxy_server: Any) -> None:
+    refused = httpx.post(
+        f"{proxy_server.base_url}/v1/embeddings", json={"model": MODEL, "input": "hi"}, headers=auth(proxy_server)
+    )
+    assert refused.status_code == 501, refused.text
+    error = refused.json()["error"]
+    assert (error["param"], error["code"]) == ("model", "unsupported")
+    assert "/v1/embeddings" in error["message"]

@@ -1,4 +1,4 @@
-"""The front door: one gateway dispatches, sets affinity and checks the key once; a chat body is parsed once."""
+"""The front door: one gateway dispatches, sets affinity and checks the key once; a body is parsed once."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from agl_bridge.proxy.bridge_route import BridgeRoute
 from agl_bridge.proxy.chat_route import ChatRoute
 from agl_bridge.proxy.gateway import Gateway
 from agl_bridge.sampler.affinity import current_affinity
@@ -65,9 +66,20 @@ class _Chat(ChatRoute):
         await PlainTextResponse("direct")(scope, receive, send)
 
 
-async def test_chat_for_a_served_model_is_answered_at_the_front_door_and_everything_else_by_litellm() -> None:
-    litellm, chat = _App(), _Chat()
-    gateway = Gateway(litellm, api_key="sk-right", chat=chat)
+class _Bridges(BridgeRoute):
+    """A bridge route that answers "bridged" and remembers the paths it was handed."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any, *, service: Any, body: Any, route: Any) -> None:
+        self.seen.append(scope["path"])
+        await PlainTextResponse("bridged")(scope, receive, send)
+
+
+async def test_a_served_model_is_answered_at_the_front_door_and_everything_else_by_litellm() -> None:
+    litellm, chat, bridges = _App(), _Chat(), _Bridges()
+    gateway = Gateway(litellm, api_key="sk-right", chat=chat, bridges=bridges)
     key = {"Authorization": "Bearer sk-right"}
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway), base_url="http://front") as client:
         served = await client.post(
@@ -77,10 +89,17 @@ async def test_chat_for_a_served_model_is_answered_at_the_front_door_and_everyth
         judge = await client.post("/v1/chat/completions", json={"model": "judge"}, headers=key)
         no_model = await client.post("/v1/chat/completions", json={"messages": []}, headers=key)
         broken = await client.post("/v1/chat/completions", content=b'{"model": "tiny",', headers=key)
-        bridged = await client.post("/v1/responses", json={"model": "tiny", "input": "hi"}, headers=key)
-    assert [r.text for r in (served, bare_path)] == ["direct", "direct"]
+        responses = await client.post("/v1/responses", json={"model": "tiny", "input": "hi"}, headers=key)
+        messages = await client.post(
+            "/v1/messages",
+            json={"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]},
+            headers=key,
+        )
+        judge_responses = await client.post("/v1/responses", json={"model": "judge", "input": "hi"}, headers=key)
+    assert [r.text for r in (served, bare_path, responses, messages)] == ["direct", "direct", "bridged", "bridged"]
     assert chat.seen == [("tiny", "ro-1", "ro-1"), ("tiny", None, None)]
-    assert [r.text for r in (judge, no_model, broken, bridged)] == ["litellm"] * 4
+    assert bridges.seen == ["/v1/responses", "/v1/messages"]
+    assert [r.text for r in (judge, no_model, broken, judge_responses)] == ["litellm"] * 4
     assert [path for path, _ in litellm.seen] == ["/v1/chat/completions"] * 3 + ["/v1/responses"]
 
 
