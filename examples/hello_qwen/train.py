@@ -46,6 +46,7 @@ def build_config(args: argparse.Namespace) -> GRPOConfig:
         learning_rate=args.learning_rate,
         lr_schedule="cosine",  # late steps rest on the few groups with unequal returns: smaller steps then
         lr_final_ratio=0.1,
+        lr_warmup_steps=0 if quick else args.lr_warmup_steps,
         lora_rank=16,
         lora_alpha=32,
         loss_fn="importance_sampling",
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> RunSummary:
     parser.add_argument("--run-dir", default="runs/hello")
     parser.add_argument("--steps", type=int, default=None, help="RL steps (default 140, 3 with --quick)")
     parser.add_argument("--learning-rate", type=float, default=3e-3)
-    parser.add_argument("--batch-size", type=int, default=8, help="tasks (numbers) per RL step")
+    parser.add_argument("--lr-warmup-steps", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=16, help="tasks (numbers) per RL step")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per task: one GRPO group")
     parser.add_argument("--warm-start-steps", type=int, default=160)
     parser.add_argument("--no-warm-start", action="store_true", help="RL only (for real instruct models)")
