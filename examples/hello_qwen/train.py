@@ -26,7 +26,7 @@ from agl_bridge.train.grpo import GRPOTrainer, RunSummary
 # three digits ("I'm .56...", reward 0); in GRPO such a group has equal returns and is dropped, so RL never
 # fixes them, and the held-out numbers' short tenth caps the end value near 0.8. Seen three times as often
 # (a quarter of the training mix), they are learnt with the rest.
-SHORT_NUMBER_WEIGHT = 3
+SHORT_NUMBER_WEIGHT = 6
 
 
 def with_short_numbers_weighted(numbers: list[int]) -> list[int]:
