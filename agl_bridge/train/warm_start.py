@@ -61,6 +61,13 @@ async def warm_start(
             datum.loss_fn_inputs["weights"] = [w / tokens for w in datum.loss_fn_inputs["weights"]]
         metrics = await train_step(client, datums, settings)
         if (index + 1) % max(1, warm.steps // 5) == 0 or index + 1 == warm.steps:
-            log.write({"phase": "warm_start", "step": index + 1, "loss": metrics.get("loss")})
+            log.write(
+                {
+                    "phase": "warm_start",
+                    "step": index + 1,
+                    "loss": metrics.get("loss"),
+                    "grad_norm": metrics.get("grad_norm"),
+                }
+            )
             log.say(f"warm start {index + 1}/{warm.steps}: loss {metrics.get('loss', float('nan')):.3f}")
     await client.save_weights_and_get_sampling_client_async()

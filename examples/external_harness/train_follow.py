@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=8, help="groups (numbers) per step")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per number")
     parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--lr-warmup-steps", type=int, default=0, help="steps over which the rate rises to its peak")
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--warm-start-steps", type=int, default=120)
     parser.add_argument("--no-warm-start", action="store_true", help="RL only (for real instruct models)")

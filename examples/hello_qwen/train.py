@@ -1,6 +1,6 @@
 """Train the hello agent: a short supervised warm start, then GRPO through the proxy, on a CPU.
 
-    python examples/hello_qwen/train.py                       # the tiny default model, 10–13 minutes
+    python examples/hello_qwen/train.py                       # the tiny default model, ~7 minutes
     python examples/hello_qwen/train.py --quick               # a few steps, to check the pipeline
     python examples/hello_qwen/train.py --model Qwen/Qwen3-4B-Instruct-2507 --no-warm-start   # a GPU
     python examples/hello_qwen/train.py --sampler vllm        # sample with an in-process vLLM engine
@@ -22,11 +22,12 @@ from agent import hello_agent, prompt_for, split_numbers
 from agl_bridge.train.config import GRPOConfig, WarmStartConfig
 from agl_bridge.train.grpo import GRPOTrainer, RunSummary
 
-# 1- and 2-digit numbers are a tenth of 0–999. Seen that rarely, the tiny model copies them as if they had
-# three digits ("I'm .56...", reward 0); in GRPO such a group has equal returns and is dropped, so RL never
-# fixes them, and the held-out numbers' short tenth caps the end value near 0.8. Seen three times as often
-# (a quarter of the training mix), they are learnt with the rest.
-SHORT_NUMBER_WEIGHT = 3
+# 1- and 2-digit numbers are a tenth of 0–999. While 3-digit groups dominate each step, GRPO teaches "three
+# digits, then stop", the short numbers get a third digit ("I'm 444" for 44, reward -1), and a reply that
+# claims nothing ("I...", reward 0) beats that within their groups; once a whole group hedges its returns
+# are equal, the group is dropped, and RL never brings it back. The held-out numbers' short eighth then
+# caps the end value near 0.8. Six times as often (two fifths of the training mix), they hold their own.
+SHORT_NUMBER_WEIGHT = 6
 
 
 def with_short_numbers_weighted(numbers: list[int]) -> list[int]:
@@ -46,6 +47,7 @@ def build_config(args: argparse.Namespace) -> GRPOConfig:
         learning_rate=args.learning_rate,
         lr_schedule="cosine",  # late steps rest on the few groups with unequal returns: smaller steps then
         lr_final_ratio=0.1,
+        lr_warmup_steps=0 if quick else args.lr_warmup_steps,
         lora_rank=16,
         lora_alpha=32,
         loss_fn="importance_sampling",
@@ -73,7 +75,12 @@ def main(argv: list[str] | None = None) -> RunSummary:
     parser.add_argument("--run-dir", default="runs/hello")
     parser.add_argument("--steps", type=int, default=None, help="RL steps (default 140, 3 with --quick)")
     parser.add_argument("--learning-rate", type=float, default=3e-3)
-    parser.add_argument("--batch-size", type=int, default=8, help="tasks (numbers) per RL step")
+    parser.add_argument(
+        "--lr-warmup-steps", type=int, default=10, help="RL steps over which the learning rate rises to its peak"
+    )
+    # 16, not 8: with 8 numbers a step at this learning rate pulls the policy towards the step's own numbers
+    # ("I'm 255" asked for 245), the held-out reward dips, and a run can fall into replies that claim nothing.
+    parser.add_argument("--batch-size", type=int, default=16, help="tasks (numbers) per RL step")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per task: one GRPO group")
     parser.add_argument("--warm-start-steps", type=int, default=160)
     parser.add_argument("--no-warm-start", action="store_true", help="RL only (for real instruct models)")
