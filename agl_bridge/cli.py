@@ -126,6 +126,8 @@ def _store_failure(exc: StoreError | ExportOutputError, store: Path) -> NoReturn
     _fail(str(exc), code=1)  # not a usage mistake (a locked or unreadable file): exit 1
 
 
+WORKER_STOP_S = 20.0
+"""How long `serve --workers` gives its workers to stop (finish requests, close the store) before killing them."""
 _STORE_HELP = "The store file (SQLite) the proxy or runner records into; it must exist."
 
 
@@ -496,8 +498,14 @@ def _serve_workers(settings: _ServeSettings, workers: int) -> None:
         for process in processes:
             if process.is_alive():
                 process.terminate()
+        deadline = time.monotonic() + WORKER_STOP_S
         for process in processes:
-            process.join(timeout=30)
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for process in processes:  # a worker stuck in its shutdown must not keep Ctrl-C from returning
+            if process.is_alive():
+                typer.echo(f"serve worker pid {process.pid} did not stop in {WORKER_STOP_S:g} s; killed it", err=True)
+                process.kill()
+                process.join()
 
 
 def _serve_worker(settings: _ServeSettings, index: int, ready: Any) -> None:
