@@ -467,7 +467,10 @@ def _serve_workers(settings: _ServeSettings, workers: int) -> None:
         context.Process(target=_serve_worker, args=(shared, index, ready), name=f"agl-serve-{index}", daemon=True)
         for index in range(workers)
     ]
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop the workers on SIGTERM too
+    # Ctrl-C and SIGTERM stop the workers, also where SIGINT was inherited ignored (a shell's background
+    # job): the single-process serve gets the same from uvicorn, which installs its own handlers.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         for process in processes:
             process.start()

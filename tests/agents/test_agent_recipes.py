@@ -172,7 +172,10 @@ def test_agent_recipe(
         check_recorded(calls, exchanges, rollout_id, attempt_id)
         assert count_all_calls(agent_server.store) - recorded_before == len(calls), "calls recorded outside the rollout"
         check_sampled_on(calls, tiny_scorer)
-        if recipe.exits_cleanly:
+        # A reply the random model ran to the token limit may make an agent raise (the Agents SDK refuses
+        # a Responses answer whose status is `incomplete`, as OpenAI sends it): its words, not the product.
+        cut = any(call.finish_reason == "length" for call in calls)
+        if recipe.exits_cleanly and not cut:
             assert result.returncode == 0, f"{recipe.name} failed"
         if recipe.multi_turn and (edited := check_multi_turn(calls, tiny_tokenizer.decode)):
             print(f"{recipe.name}: calls {edited} continue a reply the agent changed before sending it back")
