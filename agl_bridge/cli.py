@@ -378,7 +378,8 @@ def _serve_one(settings: _ServeSettings, on_ready: Callable[[Any, str], None]) -
     try:
         path = resolve_model_path(settings.model)
         tokenizer = load_tokenizer(path)
-        sampler = build_sampler(spec, path, tokenizer, served_name=settings.name)
+        # A serve's remote sampler follows the adapters a trainer loads into its servers (it loads none itself).
+        sampler = build_sampler(spec, path, tokenizer, served_name=settings.name, follow_adapters=True)
     except (ModelNotFoundError, OSError, UnsupportedArchitectureError) as exc:
         _fail(f"cannot load model {settings.model!r}: {exc}")
     except ImportError as exc:  # --sampler vllm without vLLM or without a GPU: the message says what to install

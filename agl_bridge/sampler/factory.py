@@ -229,8 +229,14 @@ def split_urls(values: list[str] | str | None) -> list[str]:
     return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
 
 
-def build_sampler(spec: SamplerSpec, model_path: str, tokenizer: Any, *, served_name: str) -> Any:
-    """The sampler `spec` describes over the model at `model_path` (weights are loaded only for hf)."""
+def build_sampler(
+    spec: SamplerSpec, model_path: str, tokenizer: Any, *, served_name: str, follow_adapters: bool = False
+) -> Any:
+    """The sampler `spec` describes over the model at `model_path` (weights are loaded only for hf).
+
+    follow_adapters: a remote sampler names the newest adapter its servers list rather than loading
+    its own (a proxy's, whose trainer loads them: `RemoteSampler`'s module docs).
+    """
     spec.validate()
     if spec.kind == "hf":
         from agl_bridge.models.loading import load_causal_lm
@@ -263,6 +269,7 @@ def build_sampler(spec: SamplerSpec, model_path: str, tokenizer: Any, *, served_
         max_batch_size=spec.max_batch_size,
         timeout_s=spec.timeout_s,
         adapter_dir=spec.adapter_dir,
+        follow_adapters=follow_adapters,
     )
 
 

@@ -18,17 +18,29 @@ every server can read) and the sampler loads it on every server as `<model>-v<N>
 policy version is the N of the adapter that produced it. Older adapters are unloaded
 (`/v1/unload_lora_adapter`) once no request in flight still uses them. A server that missed a load
 (down at the time) gets the current adapter before its next request.
+
+Following (`follow_adapters`, what `agl-bridge serve --sampler remote` runs): a proxy that samples
+from the servers a trainer loads adapters into, without doing the loads itself (a scaled-out run's
+extra proxies), names the newest `<model>-v<N>` its servers list on `GET /v1/models` (vLLM lists
+each loaded adapter with `parent` = the base model), asked before its first request and then at
+most every `adapter_refresh_s` in the background; with none listed, the base model (version 0).
+Each token still reports the version of the adapter its request named, so a follower that is a
+refresh behind records older tokens, never wrong ones. When the trainer unloads the adapter a
+request named (404), the follower asks again and sends the request once more with the newest one
+(nothing was sampled yet). A follower never loads a new adapter or unloads one: the trainer does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
 import re
 import shutil
 import threading
+import time
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -51,6 +63,7 @@ from agl_bridge.sampler.remote_pool import ServerPool, ServerState
 from agl_bridge.sampler.remote_protocol import (
     completion_body,
     error_message,
+    listed_adapters,
     parse_completion,
     parse_prompt_logprobs,
     scoring_body,
@@ -79,6 +92,8 @@ class RemoteSampler:
     timeout_s: longest wait for one answer; a server slower than that counts as failed.
     cooldown_s: how long a failed server stays out of rotation.
     adapter_dir: folder the trainer writes adapters into, readable by every server at the same path.
+    follow_adapters: sample with the newest `<model>-v<N>` adapter the servers list instead of loading
+      adapters (see the module docs); `adapter_refresh_s`: how often the list is asked again.
     """
 
     def __init__(
@@ -95,6 +110,8 @@ class RemoteSampler:
         cooldown_s: float = 10.0,
         max_connections: int = 256,
         adapter_dir: str | os.PathLike[str] | None = None,
+        follow_adapters: bool = False,
+        adapter_refresh_s: float = 1.0,
     ) -> None:
         if isinstance(urls, str):
             urls = [u for u in urls.split(",") if u.strip()]
@@ -104,6 +121,7 @@ class RemoteSampler:
             ("timeout_s", timeout_s),
             ("connect_timeout_s", connect_timeout_s),
             ("cooldown_s", cooldown_s),
+            ("adapter_refresh_s", adapter_refresh_s),
         ):
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
@@ -134,6 +152,10 @@ class RemoteSampler:
         self._in_flight: dict[str, int] = {}
         self._retiring: set[str] = set()
         self._closed = False
+        self._follows = follow_adapters
+        self._refresh_s = adapter_refresh_s
+        self._refresh_due: float | None = None  # monotonic time of the next background refresh; None: never asked
+        self._refreshes: set[asyncio.Task[int]] = set()
 
     # ------------------------------------------------------------------ TokenSampler
 
@@ -171,17 +193,12 @@ class RemoteSampler:
     ) -> SampleResult:
         """Sample on the rollout's server (or the next healthy one); RemoteSamplerError if none can."""
         prompt = self._check(prompt_tokens, params, num_samples)
-        name, version = self._begin()
-        try:
-            return await self._call(
-                "sampling",
-                name,
-                lambda window: completion_body(name, prompt, params, num_samples, window),
-                lambda url, answer: parse_completion(url, answer, prompt, num_samples, version),
-                len(prompt),
-            )
-        finally:
-            self._end(name)
+        return await self._with_policy(
+            "sampling",
+            lambda name, window: completion_body(name, prompt, params, num_samples, window),
+            lambda url, answer, version: parse_completion(url, answer, prompt, num_samples, version),
+            len(prompt),
+        )
 
     def compute_logprobs(self, token_ids: Sequence[int]) -> list[float | None]:
         """Raw logprob of each token given the ones before it (vLLM's `prompt_logprobs`); the first is None."""
@@ -194,17 +211,12 @@ class RemoteSampler:
             return [None] * len(ids)
         if len(ids) >= self.max_context:
             raise ContextLengthError(len(ids), self.max_context)
-        name, _ = self._begin()
-        try:
-            return await self._call(
-                "scoring",
-                name,
-                lambda window: scoring_body(name, ids),
-                lambda url, answer: parse_prompt_logprobs(url, answer, ids),
-                len(ids),
-            )
-        finally:
-            self._end(name)
+        return await self._with_policy(
+            "scoring",
+            lambda name, window: scoring_body(name, ids),
+            lambda url, answer, _version: parse_prompt_logprobs(url, answer, ids),
+            len(ids),
+        )
 
     # ------------------------------------------------------------------ weight sync
 
@@ -222,12 +234,17 @@ class RemoteSampler:
 
         version: default the current version + 1. Returns the new policy version. Servers that fail
         are taken out of rotation (and get the adapter before their next request); if none loads
-        it, RemoteSamplerError and nothing changes.
+        it, RemoteSamplerError and nothing changes. A following sampler refuses (its trainer loads).
         """
         return self._run_sync(self.load_adapter_async(path, version))
 
     async def load_adapter_async(self, path: str | os.PathLike[str], version: int | None = None) -> int:
         """Async form of `load_adapter`."""
+        if self._follows:
+            raise RemoteSamplerError(
+                "this sampler follows the adapters its servers list (agl-bridge serve --sampler remote) and loads "
+                "none itself: load adapters on the servers (a trainer's sampler_urls name them)"
+            )
         new_version = self.policy_version + 1 if version is None else int(version)
         name = f"{self.model}-v{new_version}"
         where = str(Path(path).resolve())
@@ -254,6 +271,58 @@ class RemoteSampler:
             await self._retire(old)
         return new_version
 
+    async def refresh_adapters(self) -> int:
+        """Following: sample with the newest `<model>-v<N>` the servers list on `/v1/models` (the base model if
+        they list none); returns the policy version new requests name. Servers that do not answer are
+        skipped; if none answers, nothing changes."""
+        if not self._follows:
+            raise RemoteSamplerError("only a following sampler (follow_adapters) takes its adapter from the servers")
+        client = self._client()
+        servers = list(self.pool.servers)
+        answers = await asyncio.gather(
+            *(self._request(client, server, "GET", "/v1/models") for server in servers), return_exceptions=True
+        )
+        listed: dict[str, tuple[int, str]] = {}
+        answered = False
+        for server, answer in zip(servers, answers, strict=True):
+            if isinstance(answer, ServerFailure) or (isinstance(answer, _Answer) and answer.status >= 400):
+                continue
+            if isinstance(answer, BaseException):
+                raise answer
+            answered = True
+            body = answer.json()
+            server.max_model_len = served_context_window(body, self.model)
+            on_server = listed_adapters(body, self.model)
+            server.loaded = set(on_server)
+            listed.update(on_server)
+        if answered:
+            newest = max(listed.items(), key=lambda item: item[1][0], default=None)
+            with self._lock:
+                self._active = (self.model, 0) if newest is None else (newest[0], newest[1][0])
+                self._adapter_paths = {name: root for name, (_, root) in listed.items() if root}
+        self._refresh_due = time.monotonic() + self._refresh_s
+        return self.policy_version
+
+    async def _follow(self) -> None:
+        """Following: ask the servers which adapter is newest before the first request, then in the background
+        at most every `adapter_refresh_s` (the request goes on with the adapter known so far)."""
+        if not self._follows:
+            return
+        if self._refresh_due is None:
+            await self.refresh_adapters()
+            return
+        if time.monotonic() < self._refresh_due:
+            return
+        self._refresh_due = time.monotonic() + self._refresh_s  # set now: concurrent requests start no second one
+        refresh = asyncio.get_running_loop().create_task(self.refresh_adapters())
+        self._refreshes.add(refresh)
+        refresh.add_done_callback(self._refreshed)
+
+    def _refreshed(self, refresh: asyncio.Task[int]) -> None:
+        self._refreshes.discard(refresh)
+        if not refresh.cancelled() and refresh.exception() is not None:
+            logger.warning("asking the sampler servers for their adapters failed: %s", refresh.exception())
+
     async def _unload_all(self) -> None:
         """Unload every adapter we loaded; the last one's folder stays (the run's newest weights)."""
         with self._lock:
@@ -273,7 +342,7 @@ class RemoteSampler:
         HTTP clients and the private loop."""
         if self._closed:
             return
-        if self._adapter_paths and not self._loop_thread.is_current():
+        if self._adapter_paths and not self._follows and not self._loop_thread.is_current():
             try:
                 self._loop_thread.run(asyncio.wait_for(self._unload_all(), timeout=30))
             except (TimeoutError, RemoteSamplerError) as error:
@@ -331,6 +400,35 @@ class RemoteSampler:
             # The last request that used an old adapter is done: unload it off this request's path.
             self._loop_thread.submit(self._retire(name))
 
+    async def _with_policy(
+        self,
+        what: str,
+        make_body: Callable[[str, int], dict[str, Any]],
+        parse: Callable[[str, Any, int], T],
+        prompt_length: int,
+    ) -> T:
+        """`_call` naming the adapter new requests use, parsed with its policy version. A follower whose adapter
+        the trainer unloaded under it asks the servers again and sends the request once more (nothing was
+        sampled: it is a new request, with the newest adapter and that one's version)."""
+        await self._follow()
+        for last_try in (False, True):
+            name, version = self._begin()
+            try:
+                return await self._call(
+                    what,
+                    name,
+                    functools.partial(make_body, name),
+                    functools.partial(_parse_as, parse, version),
+                    prompt_length,
+                )
+            except _AdapterRetired as retired:
+                if last_try or not self._follows:
+                    raise RemoteSamplerError.from_failures(what, [(retired.url, str(retired))]) from None
+                await self.refresh_adapters()
+            finally:
+                self._end(name)
+        raise AssertionError("unreachable: the last try returns or raises")
+
     async def _call(
         self,
         what: str,
@@ -376,10 +474,12 @@ class RemoteSampler:
                 f"its context window (max_model_len) is {window} tokens; shorten the prompt to at most {window - 1}",
             )
         if name != self.model and name not in server.loaded:
-            await self._load_on(server, name, self._adapter_paths[name])
+            await self._load_on(server, name, self._adapter_path_of(server, name))
         body = make_body(window)
         response = await self._post(client, server, "/v1/completions", body)
         if response.status == 404 and name != self.model:
+            if self._follows:  # the trainer unloaded it: the caller adopts the newest and asks again
+                raise _AdapterRetired(server.url, name)
             # The server lost the adapter (restarted?): load it again and retry there once.
             server.loaded.discard(name)
             await self._load_on(server, name, self._adapter_paths[name])
@@ -404,6 +504,13 @@ class RemoteSampler:
             server.max_model_len = None  # its settings may have changed since we asked: ask again next time
             raise RemoteContextLengthError(server.url, prompt_length, window, message)
         raise RemoteRequestError(server.url, status, message, param)
+
+    def _adapter_path_of(self, server: ServerState, name: str) -> str:
+        """The folder to load `name` from on a server that does not have it (a follower: as another server lists it)."""
+        path = self._adapter_paths.get(name)
+        if path is None:  # a follower's adapter no server lists any more
+            raise _AdapterRetired(server.url, name)
+        return path
 
     async def _context_window(self, client: aiohttp.ClientSession, server: ServerState) -> int:
         """The server's `max_model_len` from its `/v1/models` (asked once), else the configured max_context."""
@@ -529,6 +636,18 @@ class _Answer:
     def text(self) -> str:
         """The body as text (undecodable bytes replaced)."""
         return self.content.decode("utf-8", errors="replace")
+
+
+def _parse_as(parse: Callable[[str, Any, int], T], version: int, url: str, answer: Any) -> T:
+    return parse(url, answer, version)
+
+
+class _AdapterRetired(Exception):
+    """A following sampler's request named an adapter the servers no longer have (the trainer unloaded it)."""
+
+    def __init__(self, url: str, name: str) -> None:
+        super().__init__(f"adapter {name!r} is not loaded on {url} any more (the trainer unloaded it)")
+        self.url = url
 
 
 async def _close_when_cancelled(client: aiohttp.ClientSession) -> None:

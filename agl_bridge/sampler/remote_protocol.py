@@ -17,6 +17,7 @@ a call is never recorded without its ids. Nothing is detokenized or re-tokenized
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -67,6 +68,28 @@ def served_context_window(answer: Any, model: str) -> int:
     bases = [e for e in entries if e.get("parent") is None]
     chosen = named or (bases if len(bases) == 1 else [])
     return int(chosen[0]["max_model_len"]) if chosen else 0
+
+
+def listed_adapters(answer: Any, model: str) -> dict[str, tuple[int, str]]:
+    """The policy adapters a `/v1/models` answer lists for `model`: `<model>-v<N>` → (N, its folder).
+
+    vLLM lists each LoRA adapter loaded with `/v1/load_lora_adapter` as an entry whose `parent` is
+    the base model and whose `root` is the folder it was loaded from; other entries (the base model,
+    adapters of other names or of another base) are left out. A missing `root` gives "".
+    """
+    entries = answer.get("data") if isinstance(answer, Mapping) else None
+    if not isinstance(entries, list):
+        return {}
+    versioned = re.compile(rf"{re.escape(model)}-v(\d+)")
+    found: dict[str, tuple[int, str]] = {}
+    for entry in entries:
+        if not isinstance(entry, Mapping) or entry.get("parent") != model or not isinstance(entry.get("id"), str):
+            continue
+        match = versioned.fullmatch(entry["id"])
+        if match is not None:
+            root = entry.get("root")
+            found[entry["id"]] = (int(match[1]), root if isinstance(root, str) else "")
+    return found
 
 
 def scoring_body(model: str, token_ids: Sequence[int]) -> dict[str, Any]:

@@ -150,6 +150,9 @@ class FakeServer:
     `delay_s` first. error: HTTP 500. relay: forwards the body to `relay_to` with `relay_key`.
     `GET /v1/models` lists `model` with `max_model_len` as vLLM does (without it when None), in every
     mode. `requests` logs every other body it got, `headers` their headers.
+    With `lora`, it keeps vLLM's LoRA registry: `/v1/load_lora_adapter` adds a name (400 if loaded),
+    `/v1/unload_lora_adapter` removes one (404 if unknown), `/v1/models` lists each with `parent` =
+    `model` and `root` = its path, and a request naming neither `model` nor a loaded adapter gets 404.
     """
 
     mode: str = "ok"
@@ -161,6 +164,8 @@ class FakeServer:
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     port: int = 0
+    lora: bool = False
+    adapters: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         import uvicorn
@@ -212,12 +217,37 @@ class FakeServer:
         )
         await send({"type": "http.response.body", "body": payload})
 
+    def _lora_answer(self, path: str, request: dict[str, Any]) -> tuple[int, Any] | None:
+        """vLLM's LoRA routes and its 404 for an unknown model; None for a request it serves."""
+        name = request.get("lora_name")
+        if path == "/v1/load_lora_adapter":
+            if name in self.adapters:
+                return 400, {"error": {"message": f"The lora adapter '{name}' has already been loaded."}}
+            self.adapters[name] = request["lora_path"]
+            return 200, f"Success: LoRA adapter '{name}' added successfully."
+        if path == "/v1/unload_lora_adapter":
+            if self.adapters.pop(name, None) is None:
+                return 404, {"error": {"message": f"The lora adapter '{name}' cannot be found."}}
+            return 200, f"Success: LoRA adapter '{name}' removed successfully."
+        model = request.get("model")
+        if model != self.model and model not in self.adapters:
+            return 404, {"error": {"message": f"The model `{model}` does not exist.", "code": 404}}
+        return None
+
     async def _answer(self, path: str, request: dict[str, Any]) -> tuple[int, Any]:
         if path == "/v1/models":
             entry: dict[str, Any] = {"id": self.model, "object": "model", "parent": None}
             if self.max_model_len is not None:
                 entry["max_model_len"] = self.max_model_len
-            return 200, {"object": "list", "data": [entry]}
+            listed = [
+                {"id": name, "object": "model", "parent": self.model, "root": root}
+                for name, root in self.adapters.items()
+            ]
+            return 200, {"object": "list", "data": [entry, *listed]}
+        if self.lora:
+            refused = self._lora_answer(path, request)
+            if refused is not None:
+                return refused
         if self.mode == "relay":
             async with httpx.AsyncClient(timeout=60) as client:
                 response = await client.post(
