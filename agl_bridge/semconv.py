@@ -220,5 +220,8 @@ ENV_OPENAI_API_KEY: Final = "OPENAI_API_KEY"
 ENV_SAMPLER_API_KEY: Final = "AGL_SAMPLER_API_KEY"
 """Key a remote sampler sends to its vLLM / agl-bridge servers (`--sampler-api-key` wins over it)."""
 
+ENV_PROXY_API_KEY: Final = "AGL_PROXY_API_KEY"
+"""Key of a training run's extra proxies (`proxy_urls`; the run config's `proxy_api_key` wins over it)."""
+
 ENV_REWARD_TIMEOUT_S: Final = "AGL_REWARD_TIMEOUT_S"
 """Seconds `emit_reward` may spend delivering one reward (retries included); default 10."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from agl_bridge.runner.agents import load_agent
 from agl_bridge.runner.command import AgentCommand, AgentCommandError, parse_reward_lines
 from agl_bridge.runner.endpoint import Endpoint
+from agl_bridge.runner.proxies import ProxyAddress
 from agl_bridge.runner.runner import (
     AgentResultError,
     RetryPolicy,
@@ -23,6 +24,7 @@ __all__ = [
     "AgentCommandError",
     "AgentResultError",
     "Endpoint",
+    "ProxyAddress",
     "RetryPolicy",
     "RolloutOutcome",
     "Runner",

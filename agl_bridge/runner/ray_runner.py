@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 from agl_bridge.runner.command import AgentCommand
 from agl_bridge.runner.endpoint import Endpoint
+from agl_bridge.runner.proxies import ProxyAddress
 from agl_bridge.runner.runner import AgentFunction, Runner, RunnerConfig, _AttemptResult, rewards_of
 from agl_bridge.store.base import Store
 from agl_bridge.tracing import RolloutContext, rollout_context
@@ -60,8 +62,17 @@ class RayRunner(Runner):
         config: RunnerConfig | None = None,
         ray_address: str | None = None,
         task_options: dict[str, Any] | None = None,
+        extra_proxies: Sequence[ProxyAddress] = (),
     ) -> None:
-        super().__init__(agent, server_url=server_url, api_key=api_key, model=model, store=store, config=config)
+        super().__init__(
+            agent,
+            server_url=server_url,
+            api_key=api_key,
+            model=model,
+            store=store,
+            config=config,
+            extra_proxies=extra_proxies,
+        )
         try:
             import ray
         except ImportError:
@@ -85,7 +96,7 @@ class RayRunner(Runner):
         from ray import exceptions as ray_errors
 
         timeout_s = self.config.timeout_s
-        ref = self._task.remote(self.agent, task, endpoint, self.server_url, self.api_key, timeout_s)
+        ref = self._task.remote(self.agent, task, endpoint, timeout_s)
         try:
             future = asyncio.wrap_future(ref.future())
             returned = await asyncio.wait_for(future, None if timeout_s is None else timeout_s + _GRACE_S)
@@ -111,15 +122,15 @@ class RayRunner(Runner):
 
 
 def run_attempt_in_worker(
-    agent: AgentFunction | AgentCommand,
-    task: Any,
-    endpoint: Endpoint,
-    server_url: str,
-    api_key: str,
-    timeout_s: float | None,
+    agent: AgentFunction | AgentCommand, task: Any, endpoint: Endpoint, timeout_s: float | None
 ) -> Any:
-    """The body of an attempt's Ray task: run the agent in its rollout context within the timeout; its return value."""
-    context = RolloutContext(endpoint.rollout_id, endpoint.attempt_id, endpoint=server_url, api_key=api_key)
+    """The body of an attempt's Ray task: run the agent in its rollout context within the timeout; its return value.
+
+    `emit_reward` delivers to the attempt's proxy (`endpoint.server_url`), which records into the run's store.
+    """
+    context = RolloutContext(
+        endpoint.rollout_id, endpoint.attempt_id, endpoint=endpoint.server_url, api_key=endpoint.api_key
+    )
 
     async def invoke() -> Any:
         if isinstance(agent, AgentCommand):

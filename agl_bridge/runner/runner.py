@@ -10,6 +10,9 @@ never trained on.
 A sync agent runs in a worker thread; on timeout its attempt is marked timed out at once, but the
 thread cannot be killed and runs on in the background (its late calls land in the timed-out
 attempt, which is never trained). An `AgentCommand` is killed on timeout.
+
+With `extra_proxies` (other proxies recording into the same store), each attempt talks to one of
+them or to `server_url`'s, whichever has the fewest attempts in flight (`proxies.py`).
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from agl_bridge.errors import ConfigError
 from agl_bridge.runner.command import AgentCommand
 from agl_bridge.runner.endpoint import Endpoint
+from agl_bridge.runner.proxies import ProxyAddress, ProxySpread
 from agl_bridge.store.base import Store
 from agl_bridge.tracing import RolloutContext, rollout_context
 from agl_bridge.types import AttemptStatus, Reward, RolloutStatus
@@ -92,7 +97,11 @@ class _AttemptResult:
 
 
 class Runner:
-    """Runs an agent over task groups against one proxy endpoint, recording into a store."""
+    """Runs an agent over task groups against a proxy (or several on one store), recording into a store.
+
+    server_url / api_key: the proxy beside `store` (a training run's own); extra_proxies: more proxies
+    recording into the same store, each checked before its first attempt (`proxies.py`).
+    """
 
     def __init__(
         self,
@@ -103,6 +112,7 @@ class Runner:
         model: str,
         store: Store,
         config: RunnerConfig | None = None,
+        extra_proxies: Iterable[ProxyAddress] = (),
     ) -> None:
         self.agent = agent
         self.server_url = server_url.rstrip("/")
@@ -110,6 +120,7 @@ class Runner:
         self.model = model
         self.store = store
         self.config = config or RunnerConfig()
+        self.proxies = ProxySpread(ProxyAddress(self.server_url, api_key), list(extra_proxies), model=model)
         # The default executor has few threads; sync agents need one each up to the concurrency.
         self._threads = ThreadPoolExecutor(max_workers=self.config.concurrency + 4, thread_name_prefix="agl-agent")
 
@@ -136,15 +147,16 @@ class Runner:
             )
         )
 
-    def endpoint(self, rollout_id: str, attempt_id: str) -> Endpoint:
-        """The endpoint an agent gets for one attempt."""
+    def endpoint(self, rollout_id: str, attempt_id: str, proxy: ProxyAddress | None = None) -> Endpoint:
+        """The endpoint an agent gets for one attempt on `proxy` (default: the runner's own)."""
+        proxy = proxy or self.proxies.proxies[0]
         return Endpoint(
-            base_url=f"{self.server_url}/rollout/{rollout_id}/attempt/{attempt_id}/v1",
-            api_key=self.api_key,
+            base_url=f"{proxy.url}/rollout/{rollout_id}/attempt/{attempt_id}/v1",
+            api_key=proxy.api_key,
             model=self.model,
             rollout_id=rollout_id,
             attempt_id=attempt_id,
-            server_url=self.server_url,
+            server_url=proxy.url,
         )
 
     async def _run_rollout(self, rollout_id: str, group_id: str, task: Any, limit: asyncio.Semaphore) -> RolloutOutcome:
@@ -152,7 +164,17 @@ class Runner:
         for number in range(1, retry.max_attempts + 1):
             async with limit:
                 attempt = await self.store.start_attempt(rollout_id)
-                result = await self._run_attempt(task, self.endpoint(rollout_id, attempt.attempt_id))
+                proxy = self.proxies.take()
+                try:
+                    try:
+                        await self.proxies.check(proxy, rollout_id, attempt.attempt_id)
+                    except ConfigError as error:  # a misconfigured extra proxy stops the run; this attempt ends
+                        await self.store.finish_attempt(attempt.attempt_id, AttemptStatus.FAILED, error=str(error))
+                        await self.store.set_rollout_status(rollout_id, RolloutStatus.FAILED)
+                        raise
+                    result = await self._run_attempt(task, self.endpoint(rollout_id, attempt.attempt_id, proxy))
+                finally:
+                    self.proxies.release(proxy)
                 if result.rewards:
                     await self.store.add_rewards(
                         [
@@ -177,7 +199,7 @@ class Runner:
 
     async def _run_attempt(self, task: Any, endpoint: Endpoint) -> _AttemptResult:
         context = RolloutContext(
-            endpoint.rollout_id, endpoint.attempt_id, endpoint=self.server_url, api_key=self.api_key
+            endpoint.rollout_id, endpoint.attempt_id, endpoint=endpoint.server_url, api_key=endpoint.api_key
         )
         try:
             with rollout_context(context):

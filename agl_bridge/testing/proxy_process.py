@@ -7,6 +7,7 @@ runs in a subprocess; callers always stop it in a `finally` (see `ProxyProcess`)
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ _INHERITED_SECRETS = (
     semconv.ENV_API_KEY,
     semconv.ENV_OPENAI_API_KEY,
     semconv.ENV_SAMPLER_API_KEY,
+    semconv.ENV_PROXY_API_KEY,
     semconv.ENV_ROLLOUT_ID,
     semconv.ENV_ATTEMPT_ID,
     semconv.ENV_ENDPOINT,
@@ -130,6 +132,40 @@ def start_proxy(
                 break
         log_text = log_path.read_text()[-3000:]
         raise AssertionError(f"the proxy subprocess did not start (exit code {process.poll()}):\n{log_text}")
+    except BaseException:
+        process.kill()
+        process.wait(timeout=30)
+        raise
+
+
+_SERVING = re.compile(r"^agl-bridge is serving '[^']*' \(.*\) at (?P<url>http://\S+)/v1")
+
+
+def start_serve(
+    model_dir: Path, store: str | Path, *options: str, api_key: str, log_path: Path, port: int = 0
+) -> ProxyProcess:
+    """Start `agl-bridge serve --model MODEL --store STORE --port PORT --api-key KEY *options` (the real CLI, its
+    stderr — banner and access log — in `log_path`) and wait until it serves; the caller must `stop()` it."""
+    command = [sys.executable, "-m", "agl_bridge.cli", "serve", "--model", str(model_dir), "--store", str(store)]
+    command += ["--port", str(port), "--api-key", api_key, *options]
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PACKAGE_PARENT), env.get("PYTHONPATH")]))
+    with log_path.open("a") as log:
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env, cwd=log_path.parent
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline:
+            for line in log_path.read_text().splitlines():
+                if (match := _SERVING.match(line)) is not None:
+                    return ProxyProcess(process, match["url"], api_key, store)
+            if process.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise AssertionError(
+            f"agl-bridge serve did not start (exit code {process.poll()}):\n{log_path.read_text()[-3000:]}"
+        )
     except BaseException:
         process.kill()
         process.wait(timeout=30)

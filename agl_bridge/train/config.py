@@ -9,14 +9,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
 
 import yaml
 
+from agl_bridge import semconv
 from agl_bridge.errors import ConfigError
+from agl_bridge.runner.proxies import ProxyAddress
 from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError
 from agl_bridge.store.location import is_postgres_location
 from agl_bridge.train.advantages import AdvantageEstimator
@@ -194,6 +198,8 @@ class GRPOConfig:
     concurrency: int = 16
     runner: Literal["local", "ray"] = "local"
     ray_address: str | None = None
+    proxy_urls: list[str] = field(default_factory=list)
+    proxy_api_key: str | None = None
     rollout_timeout_s: float = 300.0
     max_attempts: int = 1
     default_max_tokens: int = 256
@@ -302,6 +308,7 @@ class GRPOConfig:
         self._validate_rewards()
         self._validate_mode()
         self._validate_follow()
+        self._validate_proxies()
         if self.litellm_config is not None:
             from agl_bridge.proxy.server import ProxyStartError, litellm_config
 
@@ -464,6 +471,57 @@ class GRPOConfig:
                 raise ConfigError(f"follow.{name} must be > 0 seconds, got {value!r}")
         if not 0 <= follow.port <= 65535:
             raise ConfigError(f"follow.port must be a port number (0 picks a free one), got {follow.port}")
+
+    def _validate_proxies(self) -> None:
+        if not self.proxy_urls:
+            return
+        if self.mode != "online" or self.offline_data:
+            raise ConfigError(
+                "proxy_urls spreads the online trainer's rollouts over extra proxies; "
+                + (
+                    'with mode = "follow" the harness picks the proxies: point it at them and leave proxy_urls out'
+                    if self.mode == "follow"
+                    else "this run runs no agent: leave proxy_urls out"
+                )
+            )
+        if not (isinstance(self.store, str) and is_postgres_location(self.store)):
+            raise ConfigError(
+                'proxy_urls needs store = "postgresql://…": the extra proxies record into the run\'s store, so the '
+                "run must use the PostgreSQL database they were started with (agl-bridge serve --store "
+                "postgresql://…); a SQLite file is one process's"
+            )
+        if self.sampler != "remote":
+            raise ConfigError(
+                f'proxy_urls needs sampler = "remote" (got {self.sampler!r}): the extra proxies sample from the '
+                "servers the trainer loads each new adapter into (agl-bridge serve --sampler remote --sampler-url "
+                "with this run's sampler_urls); an in-process sampler's weights stay in this process"
+            )
+        if not isinstance(self.proxy_urls, list) or not all(isinstance(url, str) for url in self.proxy_urls):
+            raise ConfigError(f"proxy_urls must be a list of URLs like http://10.0.0.5:4000, got {self.proxy_urls!r}")
+        for url in self.proxy_urls:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc or parts.path.rstrip("/") not in ("", "/v1"):
+                raise ConfigError(
+                    f"proxy_urls: {url!r} is not a proxy's root URL like http://10.0.0.5:4000 (an agl-bridge serve)"
+                )
+        roots = [self._proxy_root(url) for url in self.proxy_urls]
+        if len(set(roots)) != len(roots):
+            raise ConfigError(f"proxy_urls must differ, got {self.proxy_urls}")
+        if not (self.proxy_api_key or os.environ.get(semconv.ENV_PROXY_API_KEY)):
+            raise ConfigError(
+                "proxy_urls needs proxy_api_key: the key the extra proxies were started with (their --api-key), "
+                f"or the {semconv.ENV_PROXY_API_KEY} environment variable"
+            )
+
+    @staticmethod
+    def _proxy_root(url: str) -> str:
+        text = url.strip().rstrip("/")
+        return text[: -len("/v1")] if text.endswith("/v1") else text
+
+    def extra_proxies(self) -> list[ProxyAddress]:
+        """The extra proxies the online runner spreads its attempts over (`proxy_urls`), with their key."""
+        key = self.proxy_api_key or os.environ.get(semconv.ENV_PROXY_API_KEY) or ""
+        return [ProxyAddress(self._proxy_root(url), key) for url in self.proxy_urls]
 
     def learning_rate_at(self, step: int) -> float:
         """The learning rate of RL step `step` (0-based) under `lr_schedule`; see agl_bridge/train/schedule.py."""

@@ -373,6 +373,8 @@ class GRPOTrainer:
                 timeout_s=config.rollout_timeout_s,
                 retry=RetryPolicy(max_attempts=config.max_attempts),
             ),
+            # Attempts spread over this proxy and the extra ones (same store; their samplers follow our adapters).
+            "extra_proxies": config.extra_proxies(),
         }
         if config.runner == "ray":  # each attempt a Ray task; the store stays written from here
             from agl_bridge.runner.ray_runner import RayRunner

@@ -109,3 +109,48 @@ def test_the_removed_micro_batch_size_is_refused_naming_its_replacement() -> Non
     assert config_from_dict({"max_batch_tokens": 4096}).max_batch_tokens == 4096
     with pytest.raises(ConfigError, match="max_batch_tokens must be an integer >= 1"):
         config_from_dict({"max_batch_tokens": 0})
+
+
+REMOTE = {"sampler": "remote", "sampler_urls": ["http://127.0.0.1:8000"]}
+PG = "postgresql://agl@127.0.0.1:5432/runs"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({**REMOTE, "proxy_urls": ["http://127.0.0.1:4001"], "proxy_api_key": "k"}, 'needs store = "postgresql://'),
+        (
+            {"store": PG, "proxy_urls": ["http://127.0.0.1:4001"], "proxy_api_key": "k"},
+            "needs sampler = \"remote\" \\(got 'hf'\\)",
+        ),
+        ({**REMOTE, "store": PG, "proxy_urls": ["http://127.0.0.1:4001"]}, "needs proxy_api_key"),
+        ({**REMOTE, "store": PG, "proxy_urls": ["127.0.0.1:4001"], "proxy_api_key": "k"}, "not a proxy's root URL"),
+        (
+            {**REMOTE, "store": PG, "proxy_urls": ["http://a:1", "http://a:1/v1"], "proxy_api_key": "k"},
+            "proxy_urls must differ",
+        ),
+        (
+            {**REMOTE, "mode": "follow", "proxy_urls": ["http://a:1"], "proxy_api_key": "k"},
+            "the harness picks the proxies",
+        ),
+    ],
+)
+def test_extra_proxies_need_a_shared_store_a_remote_sampler_and_their_key(
+    raw: dict, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AGL_PROXY_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match=message) as refused:
+        config_from_dict(raw)
+    assert "proxy_urls" in str(refused.value)
+
+
+def test_extra_proxies_take_their_key_from_the_config_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = {**REMOTE, "store": PG, "proxy_urls": ["http://10.0.0.5:4000/v1", "http://10.0.0.6:4000/"]}
+    monkeypatch.setenv("AGL_PROXY_API_KEY", "from-env")
+    proxies = config_from_dict(raw).extra_proxies()
+    assert [(p.url, p.api_key) for p in proxies] == [
+        ("http://10.0.0.5:4000", "from-env"),
+        ("http://10.0.0.6:4000", "from-env"),
+    ]
+    assert {p.api_key for p in config_from_dict({**raw, "proxy_api_key": "own"}).extra_proxies()} == {"own"}
+    assert "from-env" not in repr(proxies)
