@@ -42,7 +42,7 @@ from agl_bridge.store.errors import (
 )
 from agl_bridge.store.group_commit import Failure
 from agl_bridge.store.postgres_schema import ensure_schema
-from agl_bridge.store.rollout_rules import check_open, register_key
+from agl_bridge.store.rollout_rules import check_open, register_keys
 from agl_bridge.store.schema import SchemaMismatch
 from agl_bridge.store.sqlite_rows import LLM_CALL_COLUMNS, REWARD_COLUMNS, SPAN_COLUMNS
 from agl_bridge.store.sqlite_writer import FuncOp, RecordOp, SequenceOp, WriteOp, slot_taken
@@ -346,18 +346,15 @@ class PostgresWriter:
             for r, a, n in conn.execute(_LOCK_COUNTERS, ([k[0] for k in keys], [k[1] for k in keys])).fetchall()
         }
         now = time.time()
-        registered = False
+        # The first records under these (rollout, attempt) keys: make their rollouts visible, all at once.
+        new_keys = [key for key in keys if key not in current and key[0]]
+        if new_keys:
+            register_keys(self._qmark, new_keys, now)  # type: ignore[arg-type]
         starts: dict[tuple[str, str], int] = {}
         nexts: list[int] = []
         for key in keys:
             floor, count = needs[key]
-            start = current.get(key)
-            if start is None:
-                start = 0
-                if key[0]:  # the first record under this (rollout, attempt): make the rollout visible
-                    register_key(self._qmark, key[0], key[1], now)  # type: ignore[arg-type]
-                    registered = True
-            start = max(start, floor)
+            start = max(current.get(key, 0), floor)
             starts[key] = start
             nexts.append(start + count)
         conn.execute(_WRITE_COUNTERS, (now, [k[0] for k in keys], [k[1] for k in keys], nexts))
@@ -367,7 +364,7 @@ class PostgresWriter:
                 key = (op.rollout_key, op.attempt_key)  # type: ignore[union-attr]
                 op.sequence = starts[key]  # type: ignore[union-attr]
                 starts[key] += 1
-        return registered
+        return bool(new_keys)
 
     def _insert_records(self, ops: list[WriteOp], records: list[int], outcomes: list[Any]) -> None:
         import psycopg

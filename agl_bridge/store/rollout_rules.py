@@ -9,8 +9,9 @@ them into `%s`); a connection is anything with `execute(sql, params)` returning 
 (`SqlConnection`).
 
 Rollouts we do not launch (origin 'external') live by these rules:
-  - `register_key`: the first record under a (rollout, attempt) the store has no row for registers
-    the rollout (running) and the attempt (running, next number), in the transaction of the record;
+  - `register_key` (`register_keys`: a batch's keys at once): the first record under a (rollout,
+    attempt) the store has no row for registers the rollout (running) and the attempt (running,
+    next number), in the transaction of the record;
     an attempt new to a finished rollout is not registered (its records stay visible, never trained);
   - `register_attempt` (a harness's start request) does the same and names the task, refusing a
     finished attempt or rollout (`AttemptFinishedError`) and another task (`TaskConflictError`);
@@ -165,31 +166,71 @@ def register_key(conn: SqlConnection, rollout_id: str, attempt_id: str, now: flo
 
     `attempt_id` "" is a record of the rollout outside any attempt: only the rollout is registered.
     """
-    row = conn.execute("SELECT status, attempts, origin FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
-    if row is None:
-        conn.execute(
-            "INSERT INTO rollouts (rollout_id, group_id, status, task, metadata, attempts, created_at, updated_at, "
-            "origin) VALUES (?, NULL, ?, 'null', '{}', 0, ?, ?, ?)",
-            (rollout_id, RolloutStatus.RUNNING.value, now, now, _EXTERNAL),
-        )
-        row = (RolloutStatus.RUNNING.value, 0, _EXTERNAL)
-    # The runner starts its rollouts' attempts itself: a record naming another attempt of one is not
-    # one of its runs, and stays outside its attempts.
-    if not attempt_id or RolloutStatus(row[0]).is_final or row[2] != _EXTERNAL:
-        return
-    if conn.execute(
-        "SELECT 1 FROM attempts WHERE rollout_id = ? AND attempt_id = ?", (rollout_id, attempt_id)
-    ).fetchone():
-        return
-    number = row[1] + 1
-    conn.execute(
-        "UPDATE rollouts SET status = ?, attempts = ?, updated_at = ? WHERE rollout_id = ?",
-        (RolloutStatus.RUNNING.value, number, now, rollout_id),
-    )
-    conn.execute(
-        "INSERT INTO attempts (attempt_id, rollout_id, number, status, started_at) VALUES (?, ?, ?, ?, ?)",
-        (attempt_id, rollout_id, number, _RUNNING, now),
-    )
+    register_keys(conn, [(rollout_id, attempt_id)], now)
+
+
+_KEYS_PER_STATEMENT = 500
+"""Keys one registration statement names (at most 6 placeholders each: well inside both engines' limits)."""
+
+
+def register_keys(conn: SqlConnection, keys: Sequence[tuple[str, str]], now: float) -> None:
+    """`register_key` for every (rollout, attempt) of `keys` at once: the state read in one or two statements,
+    the new rows written in one per table.
+
+    A writer's batch registers all its new keys together: under load every request may start a
+    rollout, and five statements per key were most of a batch's round trips. The rules, in key
+    order: a rollout no row holds yet is registered (running, external); an attempt new to an
+    external rollout that is not finished gets its rollout's next number, and the rollout is
+    running again and counts it. The runner starts its rollouts' attempts itself: a record naming
+    another attempt of one is not one of its runs, and stays outside them. A new rollout is written
+    with its attempts counted, so only rollouts that existed are updated.
+    """
+    ordered = sorted(set(keys))
+    for first in range(0, len(ordered), _KEYS_PER_STATEMENT):
+        chunk = ordered[first : first + _KEYS_PER_STATEMENT]
+        rollout_ids = list(dict.fromkeys(rollout_id for rollout_id, _ in chunk))
+        marks = ", ".join("?" for _ in rollout_ids)
+        known = {
+            rollout_id: (status, attempts, origin)
+            for rollout_id, status, attempts, origin in conn.execute(
+                f"SELECT rollout_id, status, attempts, origin FROM rollouts WHERE rollout_id IN ({marks})", rollout_ids
+            ).fetchall()
+        }
+        open_ = {r for r, (status, _, origin) in known.items() if origin == _EXTERNAL and status not in _FINAL}
+        wanted = [(r, a) for r, a in chunk if a and (r not in known or r in open_)]
+        if any(r in known for r, _ in wanted):
+            have = [r for r in rollout_ids if r in open_]
+            listed = ", ".join("?" for _ in have)
+            taken = set(
+                conn.execute(
+                    f"SELECT rollout_id, attempt_id FROM attempts WHERE rollout_id IN ({listed})", have
+                ).fetchall()
+            )
+            wanted = [key for key in wanted if key not in taken]
+        counts = {rollout_id: known[rollout_id][1] if rollout_id in known else 0 for rollout_id in rollout_ids}
+        numbered = []
+        for rollout_id, attempt_id in wanted:
+            counts[rollout_id] += 1
+            numbered.append((attempt_id, rollout_id, counts[rollout_id], _RUNNING, now))
+        new = [(r, RolloutStatus.RUNNING.value, counts[r], now, now, _EXTERNAL) for r in rollout_ids if r not in known]
+        if new:
+            conn.execute(
+                "INSERT INTO rollouts (rollout_id, group_id, status, task, metadata, attempts, created_at, updated_at, "
+                "origin) VALUES " + ", ".join("(?, NULL, ?, 'null', '{}', ?, ?, ?, ?)" for _ in new),
+                [value for row in new for value in row],
+            )
+        if numbered:
+            conn.execute(
+                "INSERT INTO attempts (attempt_id, rollout_id, number, status, started_at) VALUES "
+                + ", ".join("(?, ?, ?, ?, ?)" for _ in numbered),
+                [value for row in numbered for value in row],
+            )
+        for rollout_id in dict.fromkeys(r for _, r, _, _, _ in numbered):
+            if rollout_id in known:
+                conn.execute(
+                    "UPDATE rollouts SET status = ?, attempts = ?, updated_at = ? WHERE rollout_id = ?",
+                    (RolloutStatus.RUNNING.value, counts[rollout_id], now, rollout_id),
+                )
 
 
 def check_open(conn: SqlConnection, rollout_id: str, attempt_id: str, refused: str) -> None:

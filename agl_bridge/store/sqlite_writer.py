@@ -33,7 +33,7 @@ from agl_bridge.store.errors import (
     StoreWriteError,
 )
 from agl_bridge.store.group_commit import Failure
-from agl_bridge.store.rollout_rules import check_open, register_key
+from agl_bridge.store.rollout_rules import check_open, register_keys
 from agl_bridge.store.schema import SchemaMismatch, ensure_schema
 from agl_bridge.store.sqlite_rows import LLM_CALL_COLUMNS, REWARD_COLUMNS, SPAN_COLUMNS
 
@@ -280,13 +280,12 @@ class SQLiteWriter:
         starts: dict[tuple[str, str], int] = {}
         updates = []
         now = time.time()
+        # The first records under these (rollout, attempt) keys: make their rollouts visible, all at once.
+        new_keys = [key for key in needs if key not in current and key[0]]
+        if new_keys:
+            register_keys(conn, new_keys, now)
         for key, (floor, count) in needs.items():
-            start = current.get(key)
-            if start is None:
-                start = 0
-                if key[0]:  # the first record under this (rollout, attempt): make the rollout visible
-                    register_key(conn, key[0], key[1], now)
-            start = max(start, floor)
+            start = max(current.get(key, 0), floor)
             starts[key] = start
             updates.append((key[0], key[1], start + count, now))
         conn.executemany(_WRITE_COUNTER, updates)

@@ -77,6 +77,30 @@ async def test_a_runner_rollout_keeps_its_own_attempts(backend: Store) -> None:
     assert (await backend.get_rollout("mine")).origin is RolloutOrigin.RUNNER  # type: ignore[union-attr]
 
 
+async def test_keys_first_written_in_one_batch_register_as_if_one_by_one(backend: Store) -> None:
+    mine = await backend.start_attempt((await backend.create_rollout({"q": 1}, rollout_id="mine")).rollout_id)
+    await backend.add_llm_call(call("done", "0"))
+    await backend.complete_attempt("done", "0", AttemptStatus.SUCCEEDED)
+    await backend.add_llm_call(call("ext", "a"))
+    # One write: new attempts of a known rollout and of a new one (numbered in key order), a record outside
+    # any attempt, a stray attempt of a runner's rollout, and a new attempt of a finished rollout.
+    await backend.add_llm_calls(
+        [call("ext", "c"), call("ext", "b"), call("new", "x"), call("new", "w"), call("lone", None)]
+        + [call("mine", "stray"), call("done", "1")]
+    )
+    numbers = {r: [(a.attempt_id, a.number) for a in await backend.list_attempts(r)] for r in ("ext", "new", "lone")}
+    assert numbers == {"ext": [("a", 1), ("b", 2), ("c", 3)], "new": [("w", 1), ("x", 2)], "lone": []}
+    rollouts = {r.rollout_id: r for r in await backend.list_rollouts()}
+    assert [(rollouts[r].status, rollouts[r].attempts, rollouts[r].origin) for r in ("ext", "new", "lone")] == [
+        (RolloutStatus.RUNNING, 3, RolloutOrigin.EXTERNAL),
+        (RolloutStatus.RUNNING, 2, RolloutOrigin.EXTERNAL),
+        (RolloutStatus.RUNNING, 0, RolloutOrigin.EXTERNAL),
+    ]
+    assert [a.attempt_id for a in await backend.list_attempts("mine")] == [mine.attempt_id]
+    assert [a.attempt_id for a in await backend.list_attempts("done")] == ["0"]
+    assert (rollouts["done"].status, rollouts["done"].attempts) == (RolloutStatus.SUCCEEDED, 1)
+
+
 async def test_start_names_the_task_and_refuses_another(backend: Store) -> None:
     started = await backend.register_attempt("r", "0", RolloutTask(task_id="t", metadata={"n": 3}, eval=True))
     assert (started.group_id, started.task, started.eval, started.status) == (
