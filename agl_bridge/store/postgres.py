@@ -233,7 +233,8 @@ class PostgresStore(BatchedStore):
 
         since: a `change_token()` taken before the caller read what it waits to see change; a change
         committed after it returns at once. Listens on the store's NOTIFY channel, which every
-        state-changing commit of any process signals (poll_s is not needed: the server pushes),
+        commit of a state-machine operation (start, finish, status, marks) of any process signals —
+        a rollout first seen through a record does not (poll_s is not needed: the server pushes),
         subscribed before the token is compared, so no change falls in between. Never spins.
         """
         import psycopg

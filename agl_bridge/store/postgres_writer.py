@@ -14,21 +14,29 @@ from its single write lock is made explicit here:
     cycle), computes the numbers, and writes the counters back in the transaction that inserts the
     records. A second process's batch on the same key waits for the first to commit, then reads
     the new counter: no duplicates; and a rolled-back batch rolls its counters back: no gaps.
-  - The rollout state machine: a batch with state-machine operations, live-reward checks, or a key
-    this process has not seen stored yet (whose first record registers a rollout) takes one
-    advisory transaction lock (`STATE_LOCK`) before any row lock, so check-then-update runs as it
-    does under SQLite's write lock. Keys known to exist (counters are never deleted) skip it: the
-    hot path of a running rollout takes no global lock.
+  - The rollout state machine: a batch with state-machine operations or live-reward checks takes
+    one advisory transaction lock (`STATE_LOCK`) before any row lock, so check-then-update runs as
+    it does under SQLite's write lock. A batch whose only state change is registering keys this
+    process has not seen stored yet (a rollout's first records) takes that lock shared — beside
+    other such batches, never beside a state change — and then an advisory lock per rollout it
+    registers, in one order (`ROLLOUT_LOCKS`), so two registrations of one rollout take turns
+    while registrations of different rollouts commit side by side (with a new rollout per request,
+    the exclusive lock held through each COMMIT's WAL flush made two proxies write one at a time).
+    Keys known to exist (counters are never deleted) skip both: the hot path of a running rollout
+    takes no global lock.
   - A deadlock or serialization failure (the server's detector breaking a cycle the ordering above
     should prevent) retries the batch.
-A batch that changed state sends `NOTIFY agl_store_change` (delivered at commit) for
-`wait_for_change`. A lost connection fails the batch with StoreUnavailableError (the transaction
-never committed, so nothing was acknowledged that is not durable; a COMMIT cut off mid-flight may
-have landed, and its callers retry) and the next batch reconnects.
+A batch with state-machine operations sends `NOTIFY agl_store_change` (delivered at commit) for
+`wait_for_change`, as SQLite's writer wakes its waiters; registrations do not (PostgreSQL holds
+one lock per database from a NOTIFY until its transaction committed, which would serialize them).
+A lost connection fails the batch with StoreUnavailableError (the transaction never committed, so
+nothing was acknowledged that is not durable; a COMMIT cut off mid-flight may have landed, and its
+callers retry) and the next batch reconnects.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
 from typing import Any
@@ -49,6 +57,9 @@ from agl_bridge.store.sqlite_writer import FuncOp, RecordOp, SequenceOp, WriteOp
 
 STATE_LOCK = 0x61676C5F73746100
 """Advisory lock key of the rollout state machine ("agl_sta")."""
+
+ROLLOUT_LOCKS = 0x61676C5F
+"""Class of the per-rollout advisory locks of registrations ("agl_"; two-int4 keys: apart from STATE_LOCK's)."""
 
 CHANGE_CHANNEL = "agl_store_change"
 """The LISTEN/NOTIFY channel a state change is announced on."""
@@ -104,6 +115,8 @@ _LOCK_COUNTERS = (
     "JOIN unnest(%b::text[], %b::text[]) AS wanted(r, a) ON s.rollout_key = wanted.r AND s.attempt_key = wanted.a "
     "ORDER BY s.rollout_key, s.attempt_key FOR UPDATE OF s"
 )
+_LOCK_ROLLOUTS = f"SELECT count(pg_advisory_xact_lock({ROLLOUT_LOCKS}, k)) FROM unnest(%b::int4[]) AS k"
+"""Takes the given rollouts' locks in the array's order (sorted by the caller: no two batches wait in a cycle)."""
 _WRITE_COUNTERS = (
     "INSERT INTO sequences (rollout_key, attempt_key, next, touched_at) "
     "SELECT r, a, n, %s FROM unnest(%b::text[], %b::text[], %b::int8[]) AS w(r, a, n) ORDER BY r, a "
@@ -112,6 +125,11 @@ _WRITE_COUNTERS = (
 
 
 RESPONSE_TEXT_INDEX = LLM_CALL_COLUMNS.index("response_text")
+
+
+def rollout_lock(rollout_id: str) -> int:
+    """The per-rollout advisory lock key (int4) of `rollout_id` (two rollouts may share one: they take turns)."""
+    return int.from_bytes(hashlib.blake2b(rollout_id.encode(), digest_size=4).digest(), "big", signed=True)
 
 
 def pg_text(value: Any) -> Any:
@@ -283,10 +301,13 @@ class PostgresWriter:
                 funcs.append(index)
         self._commit_sent = False
         keys = sorted({(ops[i].rollout_key, ops[i].attempt_key) for i in sequenced})  # type: ignore[union-attr]
-        state_lock = bool(funcs) or live or any(key[0] and key not in self._known for key in keys)
+        unseen = {key[0] for key in keys if key[0] and key not in self._known}
         with conn.transaction():
-            if state_lock:
+            if funcs or live:
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (STATE_LOCK,))
+            elif unseen:
+                conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (STATE_LOCK,))
+                conn.execute(_LOCK_ROLLOUTS, (sorted({rollout_lock(rollout_id) for rollout_id in unseen}),))
             for index in funcs:
                 outcomes[index] = self._apply_func(ops[index])  # type: ignore[arg-type]
             kept: list[int] = []
@@ -300,12 +321,13 @@ class PostgresWriter:
                         sequenced.remove(index)
                         continue
                 kept.append(index)
-            registered = self._assign_sequences(ops, sequenced) if sequenced else False
+            if sequenced:
+                self._assign_sequences(ops, sequenced)
             for index in sequenced:
                 outcomes[index] = ops[index].sequence  # type: ignore[union-attr]
             if kept:
                 self._insert_records(ops, kept, outcomes)
-            if funcs or registered:
+            if funcs:
                 conn.execute(f"NOTIFY {CHANGE_CHANNEL}")
             self._commit_sent = True  # leaving the block sends COMMIT
         for key in keys:  # committed: these counters exist from now on
@@ -329,8 +351,8 @@ class PostgresWriter:
         except Exception as exc:  # the op's own error (illegal transition, unknown id): only its caller
             return Failure(exc)
 
-    def _assign_sequences(self, ops: list[WriteOp], sequenced: list[int]) -> bool:
-        """Give every op of `sequenced` its number; True if a key new to the store registered its rollout."""
+    def _assign_sequences(self, ops: list[WriteOp], sequenced: list[int]) -> None:
+        """Give every op of `sequenced` its number, registering the rollouts of keys new to the store."""
         needs: dict[tuple[str, str], list[int]] = {}
         for index in sequenced:
             op = ops[index]
@@ -364,7 +386,6 @@ class PostgresWriter:
                 key = (op.rollout_key, op.attempt_key)  # type: ignore[union-attr]
                 op.sequence = starts[key]  # type: ignore[union-attr]
                 starts[key] += 1
-        return bool(new_keys)
 
     def _insert_records(self, ops: list[WriteOp], records: list[int], outcomes: list[Any]) -> None:
         import psycopg

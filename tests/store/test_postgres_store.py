@@ -44,7 +44,10 @@ _WRITER = textwrap.dedent(
     async def main(dsn, me, count):
         async with PostgresStore(dsn) as store:
             async def one(n):
-                key = ("shared", "0") if n % 2 == 0 else (f"own-{me}-{n % 5}", "0")
+                if n % 4 == 3:  # attempts of one rollout, new to the store, registered by every process at once
+                    key = ("multi", f"{me}-{n % 3}")
+                else:
+                    key = ("shared", "0") if n % 2 == 0 else (f"own-{me}-{n % 5}", "0")
                 call = LLMCall(rollout_id=key[0], attempt_id=key[1], model="m", prompt_token_ids=[n],
                                response_token_ids=[me], response_logprobs=[-1.0], token_policy_versions=[0])
                 return await store.add_llm_call(call)
@@ -73,7 +76,10 @@ async def test_processes_writing_at_once_get_gap_free_unique_sequences(postgres_
         rollout = await store.get_rollout("shared")
         assert rollout is not None and rollout.origin is RolloutOrigin.EXTERNAL and rollout.attempts == 1
         assert [a.number for a in await store.list_attempts("shared")] == [1]  # registered once, by one process
-        assert len(await store.list_rollouts()) == 1 + processes * 5
+        multi = await store.list_attempts("multi")
+        assert sorted(a.number for a in multi) == list(range(1, 3 * processes + 1)), "each attempt one number"
+        assert (await store.get_rollout("multi")).attempts == 3 * processes  # type: ignore[union-attr]
+        assert len(await store.list_rollouts()) == 2 + processes * 5
 
 
 async def test_a_wrong_dsn_is_one_line_naming_host_port_and_database_never_the_password() -> None:
