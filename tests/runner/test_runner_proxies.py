@@ -20,7 +20,7 @@ from agl_bridge.runner import Endpoint, ProxyAddress, Runner, RunnerConfig
 from agl_bridge.runner.proxies import ProxySpread
 from agl_bridge.store import SQLiteStore
 from agl_bridge.testing.proxy_process import ProxyProcess, start_proxy
-from agl_bridge.tracing import emit_reward
+from agl_bridge.tracing import emit_reward, set_reward_sink
 from agl_bridge.types import AttemptStatus, RolloutOrigin, RolloutStatus
 
 
@@ -91,12 +91,15 @@ async def test_attempts_on_either_proxy_record_their_calls_and_rewards_in_the_ru
         served_by[(endpoint.rollout_id, endpoint.attempt_id)] = endpoint.server_url
         emit_reward(float(task))  # delivered to this attempt's proxy, which records into the shared store
 
+    # Over HTTP to the attempt's proxy: no in-process store (another test's proxy) takes the rewards instead.
+    in_process = set_reward_sink(None)
     async with SQLiteStore(proxies["own"].store) as store:
         runner = _runner(agent, store, proxies, _address(proxies["extra"]), group_size=2, concurrency=4)
         try:
             outcomes = await runner.run([1, 2, 3], group_prefix="spread")
         finally:
             runner.close()
+            set_reward_sink(in_process)
         assert [o.status for o in outcomes] == [RolloutStatus.SUCCEEDED] * 6, [o.error for o in outcomes]
         assert set(served_by.values()) == {proxies["own"].base_url, proxies["extra"].base_url}
         for outcome in outcomes:
