@@ -418,7 +418,9 @@ class HFSampler:
         )
         counts = [request.num_samples for request in batch]
         kv = KVBatch(self._layout, output.past_key_values, attention_mask).repeat_rows(counts)
-        row_index = torch.repeat_interleave(torch.arange(len(batch), device=self._device), torch.tensor(counts))
+        row_index = torch.repeat_interleave(
+            torch.arange(len(batch), device=self._device), torch.tensor(counts, device=self._device)
+        )
         logits = output.logits[:, -1, :].index_select(0, row_index)
         new_rows = [
             _Row(request, i, self._row_sampling(request.params, i), cached_tokens=len(request.prompt))
