@@ -1,101 +1,57 @@
 """The child side of `HFProcessSampler`: an `HFSampler` served over a socket, in a process of its own.
 
-Started as `python -c CHILD_COMMAND FD` with one end of a socket pair as FD (not `-m`, which would make
-this module `__main__` and the classes it pickles unknown to the parent). Every frame, both ways, is
-one pickled list of messages; a message is a tuple whose first item names it.
-
-    parent → child   SAMPLE (rid, prompt ids, SamplingParams, num_samples, stream?), CANCEL (rid),
-                     CALL (cid, one of CALLS, args), CLOSE
-    child → parent   READY (SamplerInfo) or START_FAILED (error) first; then TOKEN (rid, sample index, id,
-                     logprob, policy version) for streamed requests, DONE (rid, SampleResult) or
-                     FAILED (rid, error), RETURNED (cid, value) or RAISED (cid, error); CLOSED last
-
-The first frame from the parent is the `ChildOptions`. What the sampler hands out (token events from
-its worker thread, results, call answers) goes into one outbox that a sender thread drains: all that
-one decode step produced leaves as one frame, in the order it was made (a request's tokens before its
-result). A cancelled request's future is cancelled here, so `HFSampler` drops its rows at its next
-step. CLOSE, or the parent's end of the socket closing (the parent died), closes the sampler: requests
-still running fail with `SamplerClosedError` and the process exits. SIGINT is ignored: a terminal's
-Ctrl-C reaches the whole process group, and the parent decides when this process stops.
+Started as `python -c CHILD_COMMAND FD` with one end of a socket pair as FD; the messages are in
+`hf_wire.py`. The first frame from the parent holds the `ChildOptions`. What the sampler hands out
+(token events from its worker thread, results, call answers) goes into one outbox that a sender
+thread drains: all that one decode step produced leaves as one frame, in the order it was made (a
+request's tokens before its result). A cancelled request's future is cancelled here, so `HFSampler`
+drops its rows at its next step. CLOSE, or the parent's end of the socket closing (the parent died),
+closes the sampler: requests still running fail with `SamplerClosedError` and the process exits.
+SIGINT is ignored: a terminal's Ctrl-C reaches the whole process group, and the parent decides when
+this process stops.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import pickle
+import json
 import queue
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-SAMPLE, CANCEL, CALL, CLOSE = "sample", "cancel", "call", "close"
-READY, START_FAILED, TOKEN, DONE, FAILED, RETURNED, RAISED, CLOSED = (
-    "ready",
-    "start_failed",
-    "token",
-    "done",
-    "failed",
-    "returned",
-    "raised",
-    "closed",
+from agl_bridge.sampler.hf_wire import (
+    CALL,
+    CALLS,
+    CANCEL,
+    CLOSE,
+    CLOSED,
+    DONE,
+    FAILED,
+    OPTIONS,
+    RAISED,
+    READY,
+    RETURNED,
+    SAMPLE,
+    START_FAILED,
+    TOKEN,
+    ChildOptions,
+    Message,
+    SamplerInfo,
+    decode_options,
+    decode_params,
+    encode_error,
+    encode_info,
+    encode_result,
+    read_frame,
+    read_tensors,
+    write_frame,
 )
-CALLS = frozenset(
-    {"compute_logprobs", "compute_top_logprobs", "load_weights", "load_lora", "running_sequences", "policy_version"}
-)
-"""The sampler methods (and properties, called without arguments) a CALL may name."""
 
-Message = tuple[Any, ...]
 CHILD_COMMAND = "import sys; from agl_bridge.sampler.hf_child import main; sys.exit(main(sys.argv[1:]))"
 """The `python -c` program that runs the child."""
-
-
-@dataclass(frozen=True)
-class ChildOptions:
-    """How the child builds its sampler (the `HFSampler` arguments and the model to load)."""
-
-    model: str
-    device: str = "cpu"
-    dtype: Any = None
-    max_batch_size: int = 64
-    max_prefill_tokens: int = 16384
-    max_context: int | None = None
-    seed: int | None = None
-    torch_threads: int | None = None
-
-
-@dataclass(frozen=True)
-class SamplerInfo:
-    """What the parent answers from without asking the child: sizes, the starting policy version, the model's
-    config and whether its output layer shares the input embeddings' weight."""
-
-    max_context: int
-    vocab_size: int
-    max_batch_size: int
-    policy_version: int
-    model_config: Any
-    embeddings_tied: bool
-
-
-def write_frame(connection: Connection, messages: list[Any]) -> None:
-    """Send `messages` as one frame (the first frame from the parent holds the `ChildOptions` alone)."""
-    connection.send_bytes(pickle.dumps(messages, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def read_frame(connection: Connection) -> list[Any]:
-    """The next frame's messages; EOFError once the other end is closed."""
-    return list(pickle.loads(connection.recv_bytes()))
-
-
-def portable(error: BaseException) -> BaseException:
-    """`error` if it survives pickling, else a RuntimeError that names its type and says what it said."""
-    try:
-        pickle.loads(pickle.dumps(error))
-    except Exception:  # an exception whose __init__ cannot be rebuilt from its args
-        return RuntimeError(f"{type(error).__name__}: {error}")
-    return error
 
 
 class _Child:
@@ -118,15 +74,15 @@ class _Child:
         finally:
             self.sampler.close()  # fails what is still running: their answers are in the outbox
             self.calls.shutdown(wait=True)
-            self.outbox.put((CLOSED,))
+            self.outbox.put([CLOSED])
             self.outbox.put(None)
             self.sender.join(timeout=30)
 
     def _next(self) -> list[Message]:
         try:
             return read_frame(self.connection)
-        except (EOFError, OSError):
-            return [(CLOSE,)]
+        except (EOFError, OSError, ValueError):  # the parent is gone (or not one of ours)
+            return [[CLOSE]]
 
     def _handle(self, messages: list[Message]) -> bool:
         for message in messages:
@@ -143,18 +99,18 @@ class _Child:
                 return False
         return True
 
-    def _sample(self, rid: int, prompt: list[int], params: Any, num_samples: int, stream: bool) -> None:
+    def _sample(self, rid: int, prompt: list[int], params: dict[str, Any], num_samples: int, stream: bool) -> None:
         on_token = None
         if stream:
             outbox = self.outbox
 
             def on_token(event: Any) -> None:
-                outbox.put((TOKEN, rid, event.sample_index, event.token, event.logprob, event.policy_version))
+                outbox.put([TOKEN, rid, event.sample_index, event.token, event.logprob, event.policy_version])
 
         try:
-            future = self.sampler.submit(prompt, params, num_samples, on_token=on_token)
+            future = self.sampler.submit(prompt, decode_params(params), num_samples, on_token=on_token)
         except Exception as error:  # refused before it was queued
-            self.outbox.put((FAILED, rid, portable(error)))
+            self.outbox.put([FAILED, rid, encode_error(error)])
             return
         self.running[rid] = future
         future.add_done_callback(lambda done: self._settled(rid, done))
@@ -164,32 +120,35 @@ class _Child:
         if future.cancelled():
             return  # the parent cancelled it and expects nothing
         error = future.exception()
-        self.outbox.put((DONE, rid, future.result()) if error is None else (FAILED, rid, portable(error)))
+        self.outbox.put(
+            [DONE, rid, encode_result(future.result())] if error is None else [FAILED, rid, encode_error(error)]
+        )
 
-    def _call(self, cid: int, name: str, args: tuple[Any, ...]) -> None:
+    def _call(self, cid: int, name: str, args: list[Any], tensor_frames: int) -> None:
+        tensors = [read_tensors(self.connection) for _ in range(tensor_frames)]
+        arguments = [tensors[arg["tensors"]] if isinstance(arg, dict) and "tensors" in arg else arg for arg in args]
         if name not in CALLS:
-            self.outbox.put((RAISED, cid, ValueError(f"the sampler process has no call {name!r}")))
+            self.outbox.put([RAISED, cid, encode_error(ValueError(f"the sampler process has no call {name!r}"))])
             return
         sampler = self.sampler
         run: Callable[[], Any] = (
             (lambda: getattr(sampler, name))
             if isinstance(getattr(type(sampler), name, None), property)
-            else (lambda: getattr(sampler, name)(*args))
+            else (lambda: getattr(sampler, name)(*arguments))
         )
         self.calls.submit(self._answer, cid, run)
 
     def _answer(self, cid: int, run: Callable[[], Any]) -> None:
         try:
-            self.outbox.put((RETURNED, cid, run()))
+            self.outbox.put([RETURNED, cid, run()])
         except Exception as error:
-            self.outbox.put((RAISED, cid, portable(error)))
+            self.outbox.put([RAISED, cid, encode_error(error)])
 
     def _send(self) -> None:
         """Drain the outbox into frames until its end marker."""
         while True:
-            first = self.outbox.get()
+            item = self.outbox.get()
             frame: list[Message] = []
-            item: Message | None = first
             while item is not None:
                 frame.append(item)
                 try:
@@ -233,7 +192,7 @@ def _build(options: ChildOptions) -> tuple[Any, SamplerInfo]:
         vocab_size=sampler.vocab_size,
         max_batch_size=sampler.max_batch_size,
         policy_version=sampler.policy_version,
-        model_config=model.config,
+        model_config=json.loads(model.config.to_json_string(use_diff=False)),
         embeddings_tied=tied,
     )
     return sampler, info
@@ -244,14 +203,16 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     connection = Connection(int(argv[0]))
     try:
-        (options,) = read_frame(connection)
-    except (EOFError, OSError):
+        ((kind, options),) = read_frame(connection)
+    except (EOFError, OSError, ValueError):
+        return 1
+    if kind != OPTIONS:
         return 1
     try:
-        sampler, info = _build(options)
+        sampler, info = _build(decode_options(options))
     except Exception as error:  # the parent raises it: a wrong path, an unsupported architecture, ...
-        write_frame(connection, [(START_FAILED, portable(error))])
+        write_frame(connection, [[START_FAILED, encode_error(error)]])
         return 1
-    write_frame(connection, [(READY, info)])
+    write_frame(connection, [[READY, encode_info(info)]])
     _Child(connection, sampler).serve()
     return 0

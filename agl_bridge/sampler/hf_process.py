@@ -13,7 +13,7 @@ token events, live weight swaps between decode steps (tensors are copied to the 
 records the policy version that produced it), scoring, cancellation (a cancelled request's rows leave
 the batch at the child's next step), and the same refusals, raised here before anything is sent
 (`checked_prompt`). Errors the child meets come back as the same exception types. The wire and the
-child are in `hf_child.py`. If the child dies, every request in flight fails with
+child are in `hf_wire.py` and `hf_child.py`. If the child dies, every request in flight fails with
 `SamplerProcessError` and so do later ones; `close` stops it (it also stops when this process does).
 """
 
@@ -37,14 +37,15 @@ import torch
 
 from agl_bridge.sampler.base import SampleResult, SamplingParams, TokenEvent
 from agl_bridge.sampler.hf import SamplerClosedError, checked_prompt, settle_future
-from agl_bridge.sampler.hf_child import (
+from agl_bridge.sampler.hf_child import CHILD_COMMAND
+from agl_bridge.sampler.hf_wire import (
     CALL,
     CANCEL,
-    CHILD_COMMAND,
     CLOSE,
     CLOSED,
     DONE,
     FAILED,
+    OPTIONS,
     RAISED,
     READY,
     RETURNED,
@@ -54,7 +55,13 @@ from agl_bridge.sampler.hf_child import (
     ChildOptions,
     Message,
     SamplerInfo,
+    decode_error,
+    decode_info,
+    decode_result,
+    encode_options,
+    encode_params,
     read_frame,
+    tensor_frame,
     write_frame,
 )
 
@@ -96,8 +103,9 @@ class HFProcessSampler:
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        dtype_name = str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else dtype
         options = ChildOptions(
-            str(model), device, dtype, max_batch_size, max_prefill_tokens, max_context, seed, torch_threads
+            str(model), device, dtype_name, max_batch_size, max_prefill_tokens, max_context, seed, torch_threads
         )
         self._lock = threading.Lock()  # sending, and the tables of what is waiting
         self._ids = itertools.count()
@@ -107,7 +115,7 @@ class HFProcessSampler:
         self._death: str | None = None
         self._process, self._connection = _start_child()
         try:
-            write_frame(self._connection, [options])
+            write_frame(self._connection, [[OPTIONS, encode_options(options)]])
             self._info = self._await_ready(str(model))
         except BaseException:  # a start that failed, or was interrupted (Ctrl-C while the model loads)
             self._connection.close()
@@ -141,8 +149,8 @@ class HFProcessSampler:
         return self._info.max_batch_size
 
     @property
-    def model_config(self) -> Any:
-        """The served model's transformers config (as loaded in the child)."""
+    def model_config(self) -> dict[str, Any]:
+        """The served model's transformers config as a dict (`to_dict()` of the one loaded in the child)."""
         return self._info.model_config
 
     @property
@@ -221,21 +229,21 @@ class HFProcessSampler:
     def compute_top_logprobs(self, token_ids: Sequence[int], k: int, start: int) -> list[list[tuple[int, float]]]:
         """For each position from `start` on, the k most likely tokens there and their raw logprobs
         (with the weights current at call time)."""
-        return list(self._call("compute_top_logprobs", list(token_ids), k, start).result())
+        return _ranked(self._call("compute_top_logprobs", list(token_ids), k, start).result())
 
     async def compute_top_logprobs_async(
         self, token_ids: Sequence[int], k: int, start: int
     ) -> list[list[tuple[int, float]]]:
         """Async form of `compute_top_logprobs`."""
-        return list(await asyncio.wrap_future(self._call("compute_top_logprobs", list(token_ids), k, start)))
+        return _ranked(await asyncio.wrap_future(self._call("compute_top_logprobs", list(token_ids), k, start)))
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int:
         """Copy full weights in between decode steps; returns the new policy version."""
-        return self._swap(self._call("load_weights", _copied(state_dict), version))
+        return self._swap(self._call("load_weights", state_dict, version))
 
     def load_lora(self, state_dict: Mapping[str, torch.Tensor], scaling: float, version: int | None = None) -> int:
         """Merge a peft LoRA adapter (replacing the previous one) between decode steps; returns the new version."""
-        return self._swap(self._call("load_lora", _copied(state_dict), scaling, version))
+        return self._swap(self._call("load_lora", state_dict, scaling, version))
 
     def close(self) -> None:
         """Stop the child; requests still running fail with SamplerClosedError."""
@@ -245,7 +253,7 @@ class HFProcessSampler:
             self._closing = True
             if self._death is None:
                 try:
-                    write_frame(self._connection, [(CLOSE,)])
+                    write_frame(self._connection, [[CLOSE]])
                 except OSError:
                     pass
         if threading.current_thread() is not self._reader:
@@ -278,7 +286,7 @@ class HFProcessSampler:
         future: concurrent.futures.Future[SampleResult] = concurrent.futures.Future()
         with self._lock:
             rid = next(self._ids)
-            self._send_locked((SAMPLE, rid, prompt, params, num_samples, on_tokens is not None))
+            self._send_locked([SAMPLE, rid, prompt, encode_params(params), num_samples, on_tokens is not None])
             self._waiting[rid] = _Waiting(future, on_tokens)
         future.add_done_callback(lambda done: self._cancel_if_cancelled(rid, done))
         return future
@@ -292,25 +300,34 @@ class HFProcessSampler:
         with self._lock:
             if self._waiting.pop(rid, None) is not None and self._death is None and not self._closing:
                 try:
-                    write_frame(self._connection, [(CANCEL, rid)])
+                    write_frame(self._connection, [[CANCEL, rid]])
                 except OSError:
                     pass  # the reader notices the child is gone
 
     def _call(self, name: str, *args: Any) -> concurrent.futures.Future[Any]:
+        """Ask the child to run `name`; a state dict among `args` travels as a tensor frame of its own."""
+        frames = [tensor_frame(arg) for arg in args if isinstance(arg, Mapping)]
+        wired, index = [], 0
+        for arg in args:
+            if isinstance(arg, Mapping):
+                wired.append({"tensors": index})
+                index += 1
+            else:
+                wired.append(arg)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
             cid = next(self._ids)
-            self._send_locked((CALL, cid, name, args))
+            self._send_locked([CALL, cid, name, wired, len(frames)], frames)
             self._calls[cid] = future
         return future
 
-    def _send_locked(self, message: Message) -> None:
+    def _send_locked(self, message: Message, tensor_frames: Sequence[bytes] = ()) -> None:
         if self._closing:
             raise SamplerClosedError("the sampler is closed; create a new one")
         if self._death is not None:
             raise SamplerProcessError(self._death)
         try:
-            write_frame(self._connection, [message])
+            write_frame(self._connection, [message], tensor_frames)
         except OSError as error:
             raise SamplerProcessError(f"cannot reach the sampler process: {error}") from None
 
@@ -330,10 +347,10 @@ class HFProcessSampler:
                 f"the sampler process exited (code {code}) while loading {model!r}; its error is above"
             ) from None
         if message[0] == START_FAILED:
-            raise message[1]
-        assert message[0] == READY, message
-        info: SamplerInfo = message[1]
-        return info
+            raise decode_error(message[1])
+        if message[0] != READY:
+            raise SamplerProcessError(f"the sampler process answered {message[0]!r} instead of {READY!r}")
+        return decode_info(message[1])
 
     def _read(self) -> None:
         """Settle futures from the child's frames until it closes or dies."""
@@ -365,16 +382,16 @@ class HFProcessSampler:
         for message in messages:
             kind = message[0]
             if kind == TOKEN:
-                tokens.setdefault(message[1], []).append(TokenEvent(*message[2:]))
+                tokens.setdefault(message[1], []).append(TokenEvent(*message[2:6]))
             elif kind in (DONE, FAILED):
                 self._deliver(message[1], tokens.pop(message[1], []))
                 with self._lock:
                     waiting = self._waiting.pop(message[1], None)
                 if waiting is not None:
                     if kind == DONE:
-                        settle_future(waiting.future, message[2])
+                        settle_future(waiting.future, decode_result(message[2]))
                     else:
-                        settle_future(waiting.future, error=message[2])
+                        settle_future(waiting.future, error=decode_error(message[2]))
             elif kind in (RETURNED, RAISED):
                 with self._lock:
                     call = self._calls.pop(message[1], None)
@@ -382,7 +399,7 @@ class HFProcessSampler:
                     if kind == RETURNED:
                         settle_future(call, message[2])
                     else:
-                        settle_future(call, error=message[2])
+                        settle_future(call, error=decode_error(message[2]))
             elif kind == CLOSED:
                 return False
         for rid, events in tokens.items():
@@ -432,6 +449,6 @@ def _start_child() -> tuple[subprocess.Popen[bytes], Connection]:
     return process, Connection(ours.detach())
 
 
-def _copied(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The tensors as CPU copies (they may be live views of a trainer's parameters, or on a GPU)."""
-    return {name: value.detach().to("cpu", copy=True) for name, value in state_dict.items()}
+def _ranked(rows: list[list[list[Any]]]) -> list[list[tuple[int, float]]]:
+    """Top-logprob rows as (token, logprob) pairs again (JSON has no tuples)."""
+    return [[(int(token), float(logprob)) for token, logprob in row] for row in rows]

@@ -7,6 +7,7 @@ whose weights change, and one that is closed or killed.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import threading
 import time
@@ -69,7 +70,7 @@ def test_implements_the_protocols(child: HFProcessSampler, local: HFSampler) -> 
         local.max_batch_size,
     )
     assert child.policy_version == 0 and child.embeddings_tied
-    assert child.model_config.to_dict() == local.model.config.to_dict()
+    assert child.model_config == json.loads(local.model.config.to_json_string(use_diff=False))
 
 
 def test_answers_exactly_as_the_sampler_in_this_process(child: HFProcessSampler, local: HFSampler) -> None:
@@ -258,3 +259,35 @@ def test_a_model_that_cannot_load_raises_the_childs_error(tmp_path: Path) -> Non
 def test_results_are_finite_logprobs(child: HFProcessSampler) -> None:
     result = child.sample(_prompts(1, seed=3)[0], SamplingParams(max_tokens=10, stop=[]), num_samples=3)
     assert all(math.isfinite(lp) and lp <= 0 for s in result.sequences for lp in s.logprobs)
+
+
+def test_the_wire_carries_values_exactly_and_rebuilds_only_known_errors() -> None:
+    from agl_bridge.sampler.base import SampledSequence
+    from agl_bridge.sampler.hf_wire import (
+        decode_error,
+        decode_params,
+        decode_result,
+        encode_error,
+        encode_params,
+        encode_result,
+    )
+
+    def over_the_wire(value: object) -> object:
+        return json.loads(json.dumps(value))
+
+    for params in (SamplingParams(stop=None), SamplingParams(stop=[]), SamplingParams(stop=("</s>", 7), seed=3)):
+        decoded = decode_params(over_the_wire(encode_params(params)))  # type: ignore[arg-type]
+        assert decoded.stop_strings == params.stop_strings and decoded.stop_token_ids == params.stop_token_ids
+        assert (decoded.stop is None) == (params.stop is None) and decoded.seed == params.seed
+    logprobs = [-1 / 3, -2.220446049250313e-16, -87.33654475055310898657]
+    result = SampleResult([1, 2], [SampledSequence([5, 6, 7], logprobs, "length", [0, 0, 1])])
+    assert decode_result(over_the_wire(encode_result(result))) == result  # type: ignore[arg-type]
+    rebuilt = decode_error(over_the_wire(encode_error(SamplingParamError("top_p", "top_p must be in (0, 1]"))))  # type: ignore[arg-type]
+    assert isinstance(rebuilt, SamplingParamError) and rebuilt.field == "top_p"
+    assert isinstance(decode_error(over_the_wire(encode_error(ContextLengthError(9, 8)))), ContextLengthError)  # type: ignore[arg-type]
+
+    class Strange(Exception):
+        pass
+
+    unknown = decode_error(over_the_wire(encode_error(Strange("odd"))))  # type: ignore[arg-type]
+    assert type(unknown) is RuntimeError and str(unknown) == "Strange: odd"
