@@ -220,6 +220,7 @@ class GRPOConfig:
     sampler_max_lora_rank: int | None = SamplerSpec.max_lora_rank
     sampler_max_loras: int | None = SamplerSpec.max_loras
     sampler_enforce_eager: bool = SamplerSpec.enforce_eager
+    sampler_process: bool | None = SamplerSpec.process
     adapter_dir: str | None = SamplerSpec.adapter_dir
     litellm_config: str | None = None
 
