@@ -204,7 +204,10 @@ def with_sampler_options(command: Callable[..., None]) -> Callable[..., None]:
             _SPEC_OPTION + name,
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
             default=typer.Option(
-                getattr(defaults, name), str(setting.flag), metavar=setting.metavar, help=setting.help
+                getattr(defaults, name),
+                _declaration(str(setting.flag), hints[name]),
+                metavar=setting.metavar,
+                help=setting.help,
             ),
             annotation=hints[name],
         )
@@ -220,6 +223,11 @@ def with_sampler_options(command: Callable[..., None]) -> Callable[..., None]:
     kept = [p for p in signature.parameters.values() if p.name != "spec"]
     with_spec.__signature__ = signature.replace(parameters=[*kept, *options])  # type: ignore[attr-defined]
     return with_spec
+
+
+def _declaration(flag: str, annotation: Any) -> str:
+    """The option's declaration: a switch pair (`--x/--no-x`) for a yes/no setting that may be left unsaid."""
+    return f"{flag}/--no-{flag.removeprefix('--')}" if annotation == bool | None else flag
 
 
 @app.command("serve")
@@ -379,7 +387,9 @@ def _serve_one(settings: _ServeSettings, on_ready: Callable[[Any, str], None]) -
         path = resolve_model_path(settings.model)
         tokenizer = load_tokenizer(path)
         # A serve's remote sampler follows the adapters a trainer loads into its servers (it loads none itself).
-        sampler = build_sampler(spec, path, tokenizer, served_name=settings.name, follow_adapters=True)
+        sampler = build_sampler(
+            spec, path, tokenizer, served_name=settings.name, process_by_default=True, follow_adapters=True
+        )
     except (ModelNotFoundError, OSError, UnsupportedArchitectureError) as exc:
         _fail(f"cannot load model {settings.model!r}: {exc}")
     except ImportError as exc:  # --sampler vllm without vLLM or without a GPU: the message says what to install

@@ -12,7 +12,8 @@ bare:   LiteLLM's proxy app over the InstantSampler through a minimal `CustomLLM
 bare_fixed: the same with a `CustomLLM` that returns a fixed text (no tokenizer).
 traced: `ProxyServer` (gateway, our routes and callbacks, chat-template encoding, durable
         recording into a SQLite store) over an `InstantSampler`.
-hf:     `ProxyServer` over `HFSampler` with the tiny model, for throughput.
+hf:     `ProxyServer` over the sampler `agl-bridge serve` builds with the tiny model (`HFProcessSampler`;
+        `HFSampler` in the server's process with `--in-process-sampler`), for throughput.
 """
 
 from __future__ import annotations
@@ -235,29 +236,38 @@ def serve_bare(port: int, api_key: str, profile_path: str | None = None, *, fixe
 
 
 def serve_traced(
-    port: int, api_key: str, sampler_kind: str, profile_path: str | None = None, threads: int | None = None
+    port: int,
+    api_key: str,
+    sampler_kind: str,
+    profile_path: str | None = None,
+    threads: int | None = None,
+    in_process_sampler: bool = False,
 ) -> None:
-    """ProxyServer over an InstantSampler ("instant") or HFSampler with the tiny model ("hf").
+    """ProxyServer over an InstantSampler ("instant") or the tiny model's hf sampler ("hf").
 
-    `threads` sets torch's intra-op threads for the HFSampler (default: `agl-bridge serve`'s).
+    The hf sampler is the one `agl-bridge serve` builds (`build_sampler`): in a child process, or in
+    this one with `in_process_sampler`; `threads` sets its torch intra-op threads (default: serve's).
     """
     from agl_bridge.chat import ChatCodec
-    from agl_bridge.models.loading import load_tokenizer
+    from agl_bridge.models.loading import load_tokenizer, resolve_model_path
     from agl_bridge.proxy.server import ProxyServer
 
     tokenizer = load_tokenizer("tiny")
+    ready = "READY {port}"
     if sampler_kind == "instant":
-        sampler = _instant_sampler(tokenizer, ChatCodec(tokenizer))
+        sampler: Any = _instant_sampler(tokenizer, ChatCodec(tokenizer))
         name = INSTANT_MODEL
     else:
         import torch
 
-        from agl_bridge.models.loading import load_causal_lm
-        from agl_bridge.sampler.hf import HFSampler, serving_torch_threads
+        from agl_bridge.sampler.factory import SamplerSpec, build_sampler
+        from agl_bridge.sampler.hf import serving_torch_threads
 
         torch.set_num_threads(threads or serving_torch_threads())  # as `agl-bridge serve` does
-        sampler = HFSampler(load_causal_lm("tiny"), tokenizer, seed=0)
+        spec = SamplerSpec(seed=0, process=not in_process_sampler)
+        sampler = build_sampler(spec, str(resolve_model_path("tiny")), tokenizer, served_name="tiny")
         name = "tiny"
+        ready += f" torch_threads={torch.get_num_threads()} sampler={type(sampler).__name__}"
     with tempfile.TemporaryDirectory(prefix="agl-bench-proxy-") as directory:
         server = ProxyServer(
             sampler=sampler,
@@ -268,12 +278,8 @@ def serve_traced(
             api_key=api_key,
         )
         try:
-            ready = f"READY {server.port}"
-            if sampler_kind != "instant":
-                import torch
-
-                ready += f" torch_threads={torch.get_num_threads()}"
-            _profiled(lambda: server.serve_forever(on_ready=lambda _: print(ready, flush=True)), profile_path)
+            line = ready.format(port=server.port)
+            _profiled(lambda: server.serve_forever(on_ready=lambda _: print(line, flush=True)), profile_path)
         finally:
             if hasattr(sampler, "close"):
                 sampler.close()
@@ -389,7 +395,7 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str]) -> None:
-    """`--serve bare|traced|hf --port N --key K [--profile PATH] [--threads N]`, or
+    """`--serve bare|traced|hf --port N --key K [--profile PATH] [--threads N] [--in-process-sampler]`, or
     `--inprocess --requests N --warmup N`."""
     import argparse
 
@@ -402,6 +408,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads of the hf server")
+    parser.add_argument("--in-process-sampler", action="store_true", help="hf server: the sampler in its process")
     args = parser.parse_args(argv)
     _die_with_parent()
     if args.inprocess:
@@ -415,6 +422,7 @@ def main(argv: list[str]) -> None:
         if args.serve in ("bare", "bare_fixed"):
             serve_bare(args.port, args.key, args.profile, fixed_text=args.serve == "bare_fixed")
         else:
-            serve_traced(args.port, args.key, "instant" if args.serve == "traced" else "hf", args.profile, args.threads)
+            kind = "instant" if args.serve == "traced" else "hf"
+            serve_traced(args.port, args.key, kind, args.profile, args.threads, args.in_process_sampler)
     except KeyboardInterrupt:
         pass

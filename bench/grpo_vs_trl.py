@@ -16,7 +16,7 @@ TRL's venv (torch stays the CPU build 2.13.0):
     P=~/.cache/agl_bridge/peers; python3.11 -m venv $P/trl && $P/trl/bin/pip install torch==2.13.0
     echo torch==2.13.0 > $P/trl-constraints.txt && $P/trl/bin/pip install trl==1.16.0 peft -c $P/trl-constraints.txt
 
-    .venv/bin/python bench/grpo_vs_trl.py [--steps 8] [--threads N] [--trl-python PATH]
+    .venv/bin/python bench/grpo_vs_trl.py [--steps 8] [--threads N] [--trl-python PATH] [--sampler-process]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def characters_agent(task: str, endpoint: Any) -> float:
     return len(reply.choices[0].message.content or "") / 100
 
 
-def run_ours(steps: int) -> dict[str, Any]:
+def run_ours(steps: int, sampler_process: bool | None = None) -> dict[str, Any]:
     """Our GRPO loop for `steps` steps; the per-step wall times and their split."""
     from agl_bridge.train.config import GRPOConfig
     from agl_bridge.train.grpo import GRPOTrainer
@@ -68,6 +68,7 @@ def run_ours(steps: int) -> dict[str, Any]:
             eval_every=10**6,
             checkpoint_every=10**6,
             tensorboard=False,
+            sampler_process=sampler_process,
         )
         GRPOTrainer(config, agent=characters_agent, tasks=[f"topic {i}" for i in range(64)]).run()
         records = [r for r in read_metrics(run_dir) if r.get("phase") == "train"]
@@ -100,6 +101,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None, help="torch threads of both (default: torch's)")
     parser.add_argument("--trl-python", default=str(DEFAULT_TRL_PYTHON), help="the Python of TRL's venv")
+    parser.add_argument(
+        "--sampler-process", action="store_true", help="ours: the hf sampler in a child process (sampler_process)"
+    )
     parser.add_argument("--ours", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ours:
@@ -107,20 +111,22 @@ def main() -> None:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        print(json.dumps({**run_ours(args.steps), "torch_threads": torch.get_num_threads()}))
+        ours = run_ours(args.steps, sampler_process=True if args.sampler_process else None)
+        print(json.dumps({**ours, "torch_threads": torch.get_num_threads()}))
         return
     from agl_bridge.models.loading import resolve_model_path
 
     started = time.perf_counter()
     model = str(resolve_model_path("tiny"))
-    threads = ["--threads", str(args.threads)] if args.threads else []
+    ours_args = ["--threads", str(args.threads)] if args.threads else []
+    ours_args += ["--sampler-process"] if args.sampler_process else []
     trl = _child(
         [str(BENCH_DIR / "_trl_grpo_step.py"), "--model", model, "--steps", str(args.steps)],
         args.trl_python,
         args.threads,
     )
     ours = _child(
-        [str(Path(__file__).resolve()), "--ours", "--steps", str(args.steps), *threads], sys.executable, args.threads
+        [str(Path(__file__).resolve()), "--ours", "--steps", str(args.steps), *ours_args], sys.executable, args.threads
     )
     trl_step, our_step = _after_warmup(trl["step_s"]), _after_warmup(ours["step_s"])
     print(
@@ -135,6 +141,7 @@ def main() -> None:
                 },
                 "loadavg": os.getloadavg()[0],
                 "torch_threads": {"trl": trl["torch_threads"], "ours": ours["torch_threads"]},
+                "ours_sampler": "child process" if args.sampler_process else "in the trainer's process",
                 "trl_step_s": trl_step,
                 "ours_step_s": our_step,
                 "ours_sample_s": _after_warmup(ours["sample_s"]),

@@ -5,7 +5,10 @@
     an InstantSampler (`bench/proxy.py --serve traced`: chat template, instant sampler, recording):
     sequential requests on a keep-alive client, the three protocols in alternating blocks so that
     background load hits all alike; `messages_minus_chat_p50_ms` / `responses_minus_chat_p50_ms`
-    are what each bridge adds (the issue's bound: <= 1 ms). Server CPU per request too.
+    are what each bridge adds (the issue's bound: <= 1 ms). Server CPU per request too, and
+    `*_minus_chat_cpu_ms`, what each bridge adds to it.
+(a') `added_streamed`: the same, streamed (`"stream": true`), on the same server: latency to the
+    first event carrying generated text, and server CPU per request (the whole stream).
 (b) `ttft`: time to the first streamed token (the first event carrying generated text: a chat
     chunk with content, Anthropic's first `content_block_delta`, Responses' first
     `response.output_text.delta`) for the same request streamed, through `ProxyServer` over the
@@ -13,12 +16,14 @@
     protocol's median over chat's (the bound: <= 1.2).
 
     .venv/bin/python bench/protocols.py [--requests 300] [--warmup 30] [--block 30] [--ttft-requests 60]
+                                        [--skip-streamed] [--skip-ttft]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -114,23 +119,19 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--block", type=int, default=30)
     parser.add_argument("--ttft-requests", type=int, default=60)
-    parser.add_argument("--skip-ttft", action="store_true")
+    parser.add_argument("--skip-streamed", action="store_true", help="skip (a')")
+    parser.add_argument("--skip-ttft", action="store_true", help="skip (b)")
     args = parser.parse_args()
-    out: dict[str, Any] = {"bench": "protocols", "python": platform.python_version()}
+    out: dict[str, Any] = {"bench": "protocols", "python": platform.python_version(), "load_before": _load()}
 
     server = Server("traced")
     try:
         server.wait_ready()
-        latencies, cpu = run_blocks(server, "instant", False, args.requests, args.warmup, args.block)
+        out["added_p50"] = added(*run_blocks(server, "instant", False, args.requests, args.warmup, args.block))
+        if not args.skip_streamed:
+            out["added_streamed"] = added(*run_blocks(server, "instant", True, args.requests, args.warmup, args.block))
     finally:
         server.stop()
-    summary = {p: latency_summary(v) for p, v in latencies.items()}
-    out["added_p50"] = {
-        "latency": summary,
-        "server_cpu_ms_per_request": {p: round(c * 1000, 3) for p, c in cpu.items()},
-        "messages_minus_chat_p50_ms": round(summary["messages"]["p50_ms"] - summary["chat"]["p50_ms"], 3),
-        "responses_minus_chat_p50_ms": round(summary["responses"]["p50_ms"] - summary["chat"]["p50_ms"], 3),
-    }
     if not args.skip_ttft:
         server = Server("hf")
         try:
@@ -146,7 +147,26 @@ def main() -> None:
             "messages_over_chat": round(medians["messages"] / medians["chat"], 3),
             "responses_over_chat": round(medians["responses"] / medians["chat"], 3),
         }
+    out["load_after"] = _load()
     print(json.dumps(out))
+
+
+def added(latencies: dict[str, list[float]], cpu: dict[str, float]) -> dict[str, Any]:
+    """Each protocol's latency and server CPU per request, and what each bridge adds to chat's."""
+    summary = {p: latency_summary(v) for p, v in latencies.items()}
+    out: dict[str, Any] = {
+        "latency": summary,
+        "server_cpu_ms_per_request": {p: round(c * 1000, 3) for p, c in cpu.items()},
+    }
+    for bridge in ("messages", "responses"):
+        out[f"{bridge}_minus_chat_p50_ms"] = round(summary[bridge]["p50_ms"] - summary["chat"]["p50_ms"], 3)
+        out[f"{bridge}_minus_chat_cpu_ms"] = round((cpu[bridge] - cpu["chat"]) * 1000, 3)
+    return out
+
+
+def _load() -> list[float]:
+    """The machine's load averages (1, 5, 15 minutes): how busy it was while measuring."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@
     stops at the end-of-turn token, so the tokens actually produced are counted (and the share of
     requests that ran to max_tokens is reported). `--threads` sets the server's torch intra-op
     threads; the default is `agl-bridge serve`'s (one per core but one, leaving a core to the event
-    loop: with torch's own default, one per core, the sampler contends with the proxy's work).
+    loop: with torch's own default, one per core, the sampler contends with the proxy's work). The
+    sampler is `agl-bridge serve`'s (`HFProcessSampler`, in a child process); `--in-process-sampler`
+    runs `HFSampler` in the server's process instead. The 1- and 16-client runs alternate.
 (e) `store_ingest`: LLM calls/s into `SQLiteStore.add_llm_call` (bench/store.py's measurement,
     three 64-long lists per record).
 (f) `concurrent`: requests/s and server CPU per request with 64 concurrent clients, and the
@@ -39,6 +41,7 @@ Every server runs in its own subprocess (LiteLLM's proxy is a process-wide singl
 
     .venv/bin/python bench/proxy.py [--requests 500] [--warmup 50] [--block 50] [--replicas 2] [--store-records 20000]
                                     [--hf-repeats 3] [--hf-rounds 4] [--threads N] [--skip-hf] [--profile DIR]
+                                    [--only-throughput] [--in-process-sampler]
                                     [--concurrent-requests 1000] [--concurrent-rounds 3] [--skip-concurrent]
 
 `--profile DIR` runs the bare and traced servers under cProfile from the end of the warm-up on and
@@ -88,6 +91,19 @@ def _proc_status(pid: int, field: str) -> float | None:
     except OSError:
         return None
     return None
+
+
+def _with_descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (Linux /proc)."""
+    found, index = [pid], 0
+    while index < len(found):
+        try:
+            with open(f"/proc/{found[index]}/task/{found[index]}/children") as children:
+                found += [int(child) for child in children.read().split()]
+        except OSError:
+            pass
+        index += 1
+    return found
 
 
 def cpu_seconds(pid: int) -> float:
@@ -146,10 +162,20 @@ class Server:
         return self._log.read()[-chars:]
 
     def rss_mib(self) -> float | None:
-        return _proc_status(self.proc.pid, "VmRSS")
+        """Resident memory of the server and its children (an hf server's sampler process)."""
+        sizes = [_proc_status(pid, "VmRSS") for pid in _with_descendants(self.proc.pid)]
+        known = [size for size in sizes if size is not None]
+        return round(sum(known), 1) if known else None
 
     def cpu_seconds(self) -> float:
-        return cpu_seconds(self.proc.pid)
+        """CPU time of the server and its children (an hf server's sampler process)."""
+        total = 0.0
+        for pid in _with_descendants(self.proc.pid):
+            try:
+                total += cpu_seconds(pid)
+            except OSError:
+                pass
+        return total
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM (graceful: the store is closed, a profile written), SIGKILL if it does not end."""
@@ -288,16 +314,25 @@ async def _throughput_once(base_url: str, clients: int, per_client: int) -> dict
 
 
 def time_throughput(server: Server, repeats: int, rounds: int) -> dict[str, Any]:
-    """Median over `repeats` runs of aggregate completion tokens/s for 1 and for 16 clients, each
-    client making `rounds` requests back to back."""
-    runs = {
-        c: [asyncio.run(_throughput_once(server.base_url, c, rounds)) for _ in range(repeats)] for c in HF_CONCURRENCY
-    }
+    """Median over `repeats` runs of aggregate completion tokens/s for 1 and for 16 clients (the runs
+    alternate), each client making `rounds` requests back to back; the server's CPU time (its
+    sampler process included) per completion token."""
+    runs: dict[int, list[dict[str, float]]] = {c: [] for c in HF_CONCURRENCY}
+    cpu = dict.fromkeys(HF_CONCURRENCY, 0.0)
+    tokens = dict.fromkeys(HF_CONCURRENCY, 0.0)
+    for _ in range(repeats):  # interleaved, so that a burst of background load hits both alike
+        for c in HF_CONCURRENCY:
+            before = server.cpu_seconds()
+            run = asyncio.run(_throughput_once(server.base_url, c, rounds))
+            cpu[c] += server.cpu_seconds() - before
+            tokens[c] += run["requests"] * run["mean_completion_tokens"]
+            runs[c].append(run)
     rate = {c: statistics.median(r["tokens_per_s"] for r in runs[c]) for c in HF_CONCURRENCY}
-    threads = server.ready_line.partition("torch_threads=")[2]
+    ready = dict(field.split("=", 1) for field in server.ready_line.split()[2:])
     return {
         "model": "tiny",
-        "torch_threads": int(threads) if threads.isdigit() else None,
+        "sampler": ready.get("sampler"),
+        "torch_threads": int(ready["torch_threads"]) if ready.get("torch_threads", "").isdigit() else None,
         "max_tokens": HF_MAX_TOKENS,
         "temperature": 1.0,
         "repeats": repeats,
@@ -310,6 +345,7 @@ def time_throughput(server: Server, repeats: int, rounds: int) -> dict[str, Any]
         "length_finish_fraction": {
             str(c): round(statistics.fmean(r["length_fraction"] for r in runs[c]), 3) for c in HF_CONCURRENCY
         },
+        "server_cpu_ms_per_token": {str(c): round(1e3 * cpu[c] / tokens[c], 3) for c in HF_CONCURRENCY},
         "ratio_16_vs_1": round(rate[16] / rate[1], 2),
         "target_ratio": 6.0,
         "rss_mib_after": server.rss_mib(),
@@ -413,6 +449,12 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _hf_server(args: argparse.Namespace) -> Server:
+    """The (d) server, started (not yet ready)."""
+    extra = ("--threads", str(args.threads)) if args.threads else ()
+    return Server("hf", extra_args=extra + (("--in-process-sampler",) if args.in_process_sampler else ()))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """All measurements; servers are stopped whatever happens."""
     result: dict[str, Any] = {
@@ -422,6 +464,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "warmup": args.warmup,
     }
     t_start = time.perf_counter()
+    if args.only_throughput:
+        hf_only = _hf_server(args)
+        try:
+            hf_only.wait_ready()
+            result["throughput"] = time_throughput(hf_only, args.hf_repeats, args.hf_rounds)
+        finally:
+            hf_only.stop()
+        result["machine"]["loadavg_at_end"] = os.getloadavg()[0]
+        result["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+        return result
     result["in_process"] = time_inprocess(args.requests, args.warmup)
 
     profile = {kind: str(Path(args.profile) / f"{kind}.prof") for kind in ("bare", "traced")} if args.profile else {}
@@ -433,7 +485,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             servers += replicas[kind]
         hf = None
         if not args.skip_hf:
-            hf = Server("hf", extra_args=("--threads", str(args.threads)) if args.threads else ())
+            hf = _hf_server(args)
             servers.append(hf)
         for server in servers:
             server.wait_ready()
@@ -505,6 +557,12 @@ def main() -> None:
         help="torch intra-op threads of the (d) server (default: agl-bridge serve's)",
     )
     parser.add_argument("--skip-hf", action="store_true", help="skip (d)")
+    parser.add_argument("--only-throughput", action="store_true", help="run (d) alone")
+    parser.add_argument(
+        "--in-process-sampler",
+        action="store_true",
+        help="(d): the hf sampler in the server's process (agl-bridge serve --no-sampler-process)",
+    )
     parser.add_argument("--concurrent-requests", type=int, default=1000, help="(f): requests per front end per round")
     parser.add_argument("--concurrent-rounds", type=int, default=3, help="(f): interleaved rounds (medians)")
     parser.add_argument("--skip-concurrent", action="store_true", help="skip (f)")

@@ -1,13 +1,19 @@
-"""Reliability fuzz benchmark: ≥10,000 generated requests against a proxy; no 5xx, only OpenAI errors.
+"""Reliability fuzz benchmark: ≥10,000 generated requests against a proxy; no 5xx, only errors in each route's shape.
 
 The requests come from the hypothesis strategies in `agl_bridge.testing.fuzz` (chat and
 completion bodies with wrong types and values, odd rollout ids, OTLP bodies, unknown routes, raw
-bytes), sent one after another to `ProxyServer` over an InstantSampler in a subprocess. Every
-answer is checked: below 500, errors in OpenAI's shape with a word `code`, streams without error
-events. Prints one JSON object (counts by status, every broken promise found, up to 50 listed);
-exits 1 if any was found or the server stopped answering.
+bytes, Anthropic Messages and Responses bodies), sent one after another to `ProxyServer` over an
+InstantSampler in a subprocess. Every answer is checked: below 500, errors in the route's
+protocol's shape (OpenAI's with a word `code`, Anthropic's on `/v1/messages`), streams without
+error events. Prints one JSON object (counts by status, every broken promise found, up to 50
+listed); exits 1 if any was found or the server stopped answering.
+
+`--per-route N` sends N requests to each route of `agl_bridge.testing.fuzz.ROUTES` instead (Anthropic
+Messages, its token count, Responses, stored responses, token completions, chat; half of them streamed
+where the route streams) and reports each route's counts.
 
     .venv/bin/python bench/reliability_fuzz.py [--requests 10000] [--seed 0]
+    .venv/bin/python bench/reliability_fuzz.py --per-route 1000
 """
 
 from __future__ import annotations
@@ -29,20 +35,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 
-from agl_bridge.testing.fuzz import FuzzRequest, check_answer, requests, send
+from agl_bridge.testing.fuzz import ROUTES, FuzzRequest, check_answer, requests, route_requests, send
 from agl_bridge.testing.proxy_process import start_proxy
 
 
-def fuzz(base_url: str, api_key: str, count: int, random_seed: int) -> dict[str, Any]:
-    """Send `count` generated requests; statuses, problems and timing."""
+def fuzz(
+    base_url: str, api_key: str, count: int, random_seed: int, strategy: st.SearchStrategy[FuzzRequest]
+) -> dict[str, Any]:
+    """Send `count` requests drawn from `strategy`; statuses, problems and timing."""
     statuses: Counter[int] = Counter()
     problems: list[str] = []
     with httpx.Client(base_url=base_url, timeout=120) as client:
 
         @seed(random_seed)
         @settings(max_examples=count, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-        @given(request=requests())
+        @given(request=strategy)
         def one(request: FuzzRequest) -> None:
             try:
                 response = send(client, request, api_key)
@@ -81,6 +90,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--per-route", type=int, default=0, help="N requests to each route instead of the mix")
     args = parser.parse_args(argv)
     from agl_bridge.models.loading import resolve_model_path
 
@@ -89,11 +99,20 @@ def main(argv: list[str]) -> int:
             Path(folder) / "store.sqlite", Path(resolve_model_path("tiny")), sampler="instant", tokens=4
         )
         try:
-            result = fuzz(proxy.base_url, proxy.api_key, args.requests, args.seed)
+            if args.per_route:
+                per_route = {
+                    route: fuzz(proxy.base_url, proxy.api_key, args.per_route, args.seed, route_requests(route))
+                    for route in ROUTES
+                }
+                results = list(per_route.values())
+                output: dict[str, Any] = {"per_route": per_route}
+            else:
+                result = fuzz(proxy.base_url, proxy.api_key, args.requests, args.seed, requests())
+                results, output = [result], result
         finally:
             proxy.stop()
-    print(json.dumps(result))
-    return 0 if result["problems"] == 0 and result["server_alive_after"] else 1
+    print(json.dumps(output))
+    return 0 if all(r["problems"] == 0 and r["server_alive_after"] for r in results) else 1
 
 
 if __name__ == "__main__":

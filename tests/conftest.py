@@ -113,7 +113,7 @@ def make_call() -> Callable[..., LLMCall]:
 
 
 class RecordingSampler:
-    """A test-only `TokenSampler` in front of an HFSampler that logs what it served.
+    """A test-only `TokenSampler` in front of an HF sampler that logs what it served.
 
     Every request it answers is appended to `served` as (prompt ids, num_samples, params, result),
     so tests can check the store against what the sampler really consumed and produced. `script`
@@ -243,14 +243,15 @@ def proxy_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
     LiteLLM's proxy is a process-wide singleton, so every test shares this server: use distinct
     rollout ids. `proxy_server.sampler` is a `RecordingSampler` (its `served` log is what the
-    sampler really consumed and produced); `proxy_server.store` is queried with `run_coroutine`.
+    sampler really consumed and produced) over the sampler `agl-bridge serve` uses, an
+    `HFProcessSampler`; `proxy_server.store` is queried with `run_coroutine`.
     """
-    from agl_bridge.models.loading import load_causal_lm, load_tokenizer
+    from agl_bridge.models.loading import load_tokenizer
     from agl_bridge.proxy.server import ProxyServer
-    from agl_bridge.sampler.hf import HFSampler
+    from agl_bridge.sampler.hf_process import HFProcessSampler
 
     tokenizer = load_tokenizer(tiny_model_dir)
-    sampler = RecordingSampler(HFSampler(load_causal_lm(tiny_model_dir), tokenizer, seed=0), tokenizer)
+    sampler = RecordingSampler(HFProcessSampler(tiny_model_dir, seed=0), tokenizer)
     try:
         server = ProxyServer(
             sampler=sampler, tokenizer=tokenizer, store_path=tmp_path_factory.mktemp("proxy") / "store.sqlite", port=0

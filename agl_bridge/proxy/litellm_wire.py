@@ -4,14 +4,13 @@
 `ChatService.stream` into `ModelResponseStream` chunks. Both carry vLLM's extra fields when the request asks with
 `"return_token_ids": true`: top-level `prompt_token_ids` and `choices[i].token_ids`; in a stream,
 every chunk carries the ids of the tokens whose text it holds. Used by the LiteLLM provider
-(`provider`) and by the front door's Responses and Anthropic routes (`bridge_route`), which hand
-these to LiteLLM's own Responses / Anthropic translations.
+(`provider`), for the calls LiteLLM's proxy or `litellm.acompletion` hands it; the front door's
+routes write their answers without LiteLLM's types (`openai_wire`, `responses_wire`, `anthropic_wire`).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from litellm.types.utils import (
@@ -32,14 +31,6 @@ from agl_bridge.proxy.request import ChatRequest, ChatResult
 from agl_bridge.proxy.streaming import StreamDelta
 
 SYSTEM_FINGERPRINT = "agl-bridge"
-
-
-@dataclass
-class StreamedCall:
-    """What a stream has told so far besides its chunks: the prompt's length, then the recorded result."""
-
-    prompt_tokens: int | None = None
-    result: ChatResult | None = None
 
 
 def model_response(
@@ -78,17 +69,14 @@ async def stream_chunks(
     model: str,
     stream_id: str,
     created: int,
-    hold_last: bool,
-    call: StreamedCall | None = None,
 ) -> AsyncIterator[ModelResponseStream]:
     """A served stream (the items of `ChatService.stream`) as chunks: one per delta, then each choice's last
-    chunk with its `finish_reason` (and the usage on the very last). `call` learns the prompt's length and the
-    result as they become known.
+    chunk with its `finish_reason` (and the usage on the very last).
 
-    hold_last: each choice's newest delta is held back one step, so that its last chunk has content
-    to carry finish_reason and usage (LiteLLM's stream wrapper drops a trailing chunk without
-    content). With `top_logprobs`, a choice's content is held back whole and sent in its last chunk:
-    the alternatives are scored once sampling has ended, and every token's entry must carry them.
+    Each choice's newest delta is held back one step, so that its last chunk has content to carry
+    finish_reason and usage (LiteLLM's stream wrapper drops a trailing chunk without content). With
+    `top_logprobs`, a choice's content is held back whole and sent in its last chunk: the
+    alternatives are scored once sampling has ended, and every token's entry must carry them.
     """
     prompt_ids: list[int] | None = None
     held: dict[int, StreamDelta] = {}
@@ -111,21 +99,15 @@ async def stream_chunks(
     async for item in items:
         if isinstance(item, PromptEncoding):
             prompt_ids = list(item.token_ids) if request.return_token_ids else None
-            if call is not None:
-                call.prompt_tokens = len(item.token_ids)
         elif isinstance(item, StreamDelta):
             previous = held.get(item.index)
             if request.top_logprobs:
                 held[item.index] = item if previous is None else previous.extended(item)
-            elif hold_last:
+            else:
                 held[item.index] = item
                 if previous is not None:
                     yield make_chunk(_streaming_choice(text_of, request, previous))
-            else:
-                yield make_chunk(_streaming_choice(text_of, request, item))
         else:
-            if call is not None:
-                call.result = item
             last = len(item.choices) - 1
             for position, (choice, piece) in enumerate(zip(item.choices, item.final_pieces, strict=True)):
                 before = held.pop(choice.index, None) or StreamDelta(choice.index, "", [], [])

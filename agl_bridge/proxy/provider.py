@@ -134,7 +134,6 @@ class AglProvider(CustomLLM):
                 model=model,
                 stream_id=call_id(route, started),
                 created=int(started),
-                hold_last=True,
             )
             async for chunk in chunks:
                 yield chunk

@@ -1,17 +1,17 @@
-"""The Responses API's stored responses, answered from the rollout's own records.
+"""The Responses API's ids and stored responses, answered from the rollout's own records.
 
-LiteLLM bridges `POST /v1/responses` onto chat completions, and its Responses ids wrap the chat
-completion id our provider gives (`call_id`): `chatcmpl-agl-` + the call's rollout, attempt and
-start time, which is how its `LLMCall` is found again in the store (`find_call`) — no state
-besides the store, so ids stay valid across restarts. On that:
-- `previous_response_id` (`resolve_previous_response`, called by the gateway before LiteLLM sees
-  the request): the stored call's prompt messages and its response become the history the new
-  input continues (`PriorTurns`, which the provider puts in front of the bridged messages, so the
-  rollout's token cache keeps the prompt an exact extension of the last one); an id that names no
-  stored call is a 404 naming `previous_response_id`. LiteLLM's own resolution needs its database.
-- `GET /v1/responses/{id}` answers the stored call as a Responses object (LiteLLM's own
-  chat → Responses transformation); `DELETE`, `/cancel` and `/input_items` are refused with 501
-  for a stored response (records are training data; nothing runs in the background), 404 otherwise.
+A served call's chat completion id (`call_id`) is `chatcmpl-agl-` + the call's rollout, attempt and
+start time, which is how its `LLMCall` is found again in the store (`find_call`) — no state besides
+the store, so ids stay valid across restarts. Its Responses id (`response_id`) wraps that id in
+LiteLLM's managed-response format, as LiteLLM's bridge wrote it. On that:
+- `previous_response_id` (`resolve_previous_response`, called by the bridge route before it serves
+  the request): the stored call's prompt messages and its response become the history the new input
+  continues (`PriorTurns`, put in front of the translated messages, so the rollout's token cache
+  keeps the prompt an exact extension of the last one); an id that names no stored call is a 404
+  naming `previous_response_id`. LiteLLM's own resolution needs its database.
+- `GET /v1/responses/{id}` answers the stored call as a Responses object (`responses_wire`, as it was
+  answered); `DELETE`, `/cancel` and `/input_items` are refused with 501 for a stored response
+  (records are training data; nothing runs in the background), 404 otherwise.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from litellm.responses.utils import ResponsesAPIRequestUtils
 
-from agl_bridge.chat import ChatCodec
+from agl_bridge.chat import AssistantMessage, ChatCodec
 from agl_bridge.proxy.request import RequestError, RolloutRoute
+from agl_bridge.proxy.responses_wire import ResponsesWriter
 from agl_bridge.store.base import Store
 from agl_bridge.types import LLMCall
 
@@ -68,6 +69,14 @@ def call_id(route: RolloutRoute, started: float) -> str:
     return _PREFIX + base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
 
 
+def response_id(chat_id: str, provider: str) -> str:
+    """The Responses id of the call `chat_id` names, served by LiteLLM provider `provider`: LiteLLM's
+    managed-response id (`resp_` + base64 of `litellm:custom_llm_provider:…;model_id:None;response_id:…`),
+    which its bridge gave before, so ids handed out then still name their calls (`key_of` reads both)."""
+    managed = f"litellm:custom_llm_provider:{provider};model_id:None;response_id:{chat_id}"
+    return "resp_" + base64.b64encode(managed.encode()).decode()
+
+
 def key_of(response_id: str) -> CallKey | None:
     """The call a Responses id (LiteLLM's, wrapping `call_id`) or a chat completion id names; None if none."""
     inner = ResponsesAPIRequestUtils.decode_responses_api_response_id(response_id).get("response_id") or ""
@@ -100,8 +109,12 @@ async def find_call(store: Store, key: CallKey) -> LLMCall | None:
 
 def assistant_message(codec: ChatCodec, call: LLMCall) -> dict[str, Any]:
     """The assistant message the stored call answered, as its client received it."""
+    return _decoded(codec, call).to_openai()
+
+
+def _decoded(codec: ChatCodec, call: LLMCall) -> AssistantMessage:
     stop_reason = "length" if call.finish_reason == "length" else "stop"
-    return codec.decode_response(call.response_token_ids, stop_reason).to_openai()
+    return codec.decode_response(call.response_token_ids, stop_reason)
 
 
 @dataclass(frozen=True)
@@ -202,24 +215,6 @@ def make_responses_router(store: Store, codec: ChatCodec) -> APIRouter:
 
 
 def _as_response(codec: ChatCodec, response_id: str, call: LLMCall) -> dict[str, Any]:
-    """The stored call as a Responses object, through LiteLLM's chat → Responses transformation."""
-    from litellm.responses.litellm_completion_transformation.transformation import (
-        LiteLLMCompletionResponsesConfig,
-    )
-    from litellm.types.utils import Choices, Message, ModelResponse, Usage
-
-    message = assistant_message(codec, call)
-    prompt, completion = len(call.prompt_token_ids), len(call.response_token_ids)
-    chat = ModelResponse(
-        id=response_id,
-        created=int(call.started_at or 0),
-        model=call.model,
-        choices=[Choices(index=0, message=Message(**message), finish_reason=call.finish_reason or "stop")],
-        usage=Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion),
-    )
-    response = LiteLLMCompletionResponsesConfig.transform_chat_completion_response_to_responses_api_response(
-        chat_completion_response=chat, request_input="", responses_api_request={}
-    )
-    document = response.model_dump(mode="json", exclude_none=False)
-    document["id"] = response_id
-    return document
+    """The stored call as the Responses object it was answered with (the request's own fields aside)."""
+    writer = ResponsesWriter(response_id, call.model, int(call.started_at or 0), {})
+    return writer.document(_decoded(codec, call), len(call.prompt_token_ids), len(call.response_token_ids))

@@ -32,6 +32,9 @@ class ContextLengthError(ValueError):
         self.prompt_length = prompt_length
         self.max_context = max_context
 
+    def __reduce__(self) -> tuple[type[ContextLengthError], tuple[int, int]]:  # crosses process boundaries whole
+        return type(self), (self.prompt_length, self.max_context)
+
 
 class SamplingParamError(ValueError):
     """A sampling parameter is out of range; `field` names it (e.g. for an API error's `param`)."""
@@ -39,6 +42,9 @@ class SamplingParamError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+    def __reduce__(self) -> tuple[type[SamplingParamError], tuple[str, str]]:  # crosses process boundaries whole
+        return type(self), (self.field, str(self))
 
 
 @dataclass(frozen=True)

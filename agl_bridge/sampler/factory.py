@@ -1,4 +1,4 @@
-"""Building the sampler a command or a run asks for: `hf` (in-process transformers), `remote`
+"""Building the sampler a command or a run asks for: `hf` (transformers, in a child process or this one), `remote`
 (vLLM-protocol servers over HTTP) or `vllm` (an in-process vLLM engine: CUDA GPU or vLLM's CPU build).
 
 `SamplerSpec` is the one description of the sampler settings: each field carries its default, its
@@ -76,8 +76,8 @@ class SamplerSpec:
         flag="--sampler",
         key="sampler",
         metavar="hf|remote|vllm",
-        help="hf: transformers in this process; remote: vLLM-protocol servers (--sampler-url); vllm: an in-process "
-        "vLLM engine (CUDA GPU, or vLLM's CPU build).",
+        help="hf: transformers on this machine (in a child process, see --sampler-process); remote: vLLM-protocol "
+        "servers (--sampler-url); vllm: an in-process vLLM engine (CUDA GPU, or vLLM's CPU build).",
     )
     urls: list[str] = _described(
         [],
@@ -118,6 +118,14 @@ class SamplerSpec:
         help="Most sequences the sampler decodes together (hf) / most samples per request.",
     )
     seed: int | None = _described(None, help="Sampling seed of requests that set none (a training run: its seed).")
+    process: bool | None = _described(
+        None,
+        flag="--sampler-process",
+        key="sampler_process",
+        help="hf sampler: run the model in a child process of its own, so that its decode steps and the proxy's "
+        "HTTP work do not take turns on one interpreter lock (default: yes for agl-bridge serve, no in a training "
+        "run, where it measured no faster and is one more interpreter to start).",
+    )
     # The in-process vLLM engine's settings (sampler `vllm` only: a remote vLLM server takes the same ones as
     # its own flags); None means vLLM's default as chosen in sampler/vllm.py.
     dtype: str | None = _described(
@@ -197,6 +205,8 @@ class SamplerSpec:
             raise SamplerSpecError("timeout_s", f"must be a number of seconds > 0, got {self.timeout_s!r}")
         if not isinstance(self.max_batch_size, int) or isinstance(self.max_batch_size, bool) or self.max_batch_size < 1:
             raise SamplerSpecError("max_batch_size", f"must be an integer >= 1, got {self.max_batch_size!r}")
+        if self.process is not None and not isinstance(self.process, bool):
+            raise SamplerSpecError("process", f"must be true or false, got {self.process!r}")
         self._validate_engine_settings()
 
     def _validate_engine_settings(self) -> None:
@@ -230,14 +240,32 @@ def split_urls(values: list[str] | str | None) -> list[str]:
 
 
 def build_sampler(
-    spec: SamplerSpec, model_path: str, tokenizer: Any, *, served_name: str, follow_adapters: bool = False
+    spec: SamplerSpec,
+    model_path: str,
+    tokenizer: Any,
+    *,
+    served_name: str,
+    process_by_default: bool = False,
+    follow_adapters: bool = False,
 ) -> Any:
     """The sampler `spec` describes over the model at `model_path` (weights are loaded only for hf).
 
+    process_by_default: where an hf sampler runs when `spec.process` does not say: in a child process
+    (`agl-bridge serve`) or in this one (a training run).
     follow_adapters: a remote sampler names the newest adapter its servers list rather than loading
     its own (a proxy's, whose trainer loads them: `RemoteSampler`'s module docs).
     """
     spec.validate()
+    process = process_by_default if spec.process is None else spec.process
+    if spec.kind == "hf" and process:
+        import torch
+
+        from agl_bridge.sampler.hf_process import HFProcessSampler
+
+        # The child samples with this process's torch threads, as an in-process sampler would.
+        return HFProcessSampler(
+            model_path, max_batch_size=spec.max_batch_size, seed=spec.seed, torch_threads=torch.get_num_threads()
+        )
     if spec.kind == "hf":
         from agl_bridge.models.loading import load_causal_lm
         from agl_bridge.sampler.hf import HFSampler

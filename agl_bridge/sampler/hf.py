@@ -71,6 +71,41 @@ class SamplerClosedError(RuntimeError):
     """The sampler was closed before the request finished."""
 
 
+def checked_prompt(
+    prompt_tokens: Sequence[int],
+    params: SamplingParams,
+    num_samples: int,
+    *,
+    vocab_size: int,
+    max_context: int,
+    max_batch_size: int,
+) -> list[int]:
+    """The prompt's ids once a sample request passed the checks made before it is queued.
+
+    Raises ValueError naming what is wrong: a sampling parameter (`SamplingParamError`), the number of
+    samples, an empty prompt or an id outside the vocabulary, or a prompt that fills the context
+    window (`ContextLengthError`). `HFSampler` and `HFProcessSampler` both check here, so a bad request
+    is refused the same way, before anything is sampled.
+    """
+    params.validate(vocab_size)
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+    if num_samples > max_batch_size:
+        raise ValueError(
+            f"num_samples={num_samples} exceeds the sampler's max_batch_size={max_batch_size}; "
+            "ask for fewer samples per request or start the sampler with a larger max_batch_size"
+        )
+    prompt = [int(t) for t in prompt_tokens]
+    if not prompt:
+        raise ValueError("prompt_tokens must contain at least one token")
+    if any(t < 0 or t >= vocab_size for t in prompt):
+        bad = next(t for t in prompt if t < 0 or t >= vocab_size)
+        raise ValueError(f"prompt token id {bad} is outside the vocabulary 0..{vocab_size - 1}")
+    if len(prompt) >= max_context:
+        raise ContextLengthError(len(prompt), max_context)
+    return prompt
+
+
 @dataclass
 class _SampleRequest:
     """A queued or running sample request. Its future stays pending until it is settled (never marked
@@ -245,14 +280,18 @@ class HFSampler:
         """Async form of `compute_logprobs`."""
         return await asyncio.wrap_future(self._call(lambda: self._score(list(token_ids))))
 
-    async def compute_top_logprobs_async(
-        self, token_ids: Sequence[int], k: int, start: int
-    ) -> list[list[tuple[int, float]]]:
+    def compute_top_logprobs(self, token_ids: Sequence[int], k: int, start: int) -> list[list[tuple[int, float]]]:
         """For each position from `start` on, the k most likely tokens there and their raw logprobs.
 
         Scored with the weights current at call time, which can differ from the ones that sampled
         the tokens if a swap happened in between.
         """
+        return self._call(lambda: self._top_logprobs(list(token_ids), k, start)).result()
+
+    async def compute_top_logprobs_async(
+        self, token_ids: Sequence[int], k: int, start: int
+    ) -> list[list[tuple[int, float]]]:
+        """Async form of `compute_top_logprobs`."""
         return await asyncio.wrap_future(self._call(lambda: self._top_logprobs(list(token_ids), k, start)))
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int:
@@ -280,22 +319,14 @@ class HFSampler:
     # ----------------------------------------------------------------- request intake
 
     def _make_request(self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int) -> _SampleRequest:
-        params.validate(self._vocab_size)
-        if not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
-        if num_samples > self.max_batch_size:
-            raise ValueError(
-                f"num_samples={num_samples} exceeds the sampler's max_batch_size={self.max_batch_size}; "
-                "ask for fewer samples per request or start the sampler with a larger max_batch_size"
-            )
-        prompt = [int(t) for t in prompt_tokens]
-        if not prompt:
-            raise ValueError("prompt_tokens must contain at least one token")
-        if any(t < 0 or t >= self._vocab_size for t in prompt):
-            bad = next(t for t in prompt if t < 0 or t >= self._vocab_size)
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary 0..{self._vocab_size - 1}")
-        if len(prompt) >= self._max_context:
-            raise ContextLengthError(len(prompt), self._max_context)
+        prompt = checked_prompt(
+            prompt_tokens,
+            params,
+            num_samples,
+            vocab_size=self._vocab_size,
+            max_context=self._max_context,
+            max_batch_size=self.max_batch_size,
+        )
         room = self._max_context - len(prompt)
         max_new = min(params.max_tokens or room, room)
         stop_ids = self._default_stop_ids if params.stop is None else params.stop_token_ids
@@ -418,7 +449,9 @@ class HFSampler:
         )
         counts = [request.num_samples for request in batch]
         kv = KVBatch(self._layout, output.past_key_values, attention_mask).repeat_rows(counts)
-        row_index = torch.repeat_interleave(torch.arange(len(batch), device=self._device), torch.tensor(counts))
+        row_index = torch.repeat_interleave(
+            torch.arange(len(batch), device=self._device), torch.tensor(counts, device=self._device)
+        )
         logits = output.logits[:, -1, :].index_select(0, row_index)
         new_rows = [
             _Row(request, i, self._row_sampling(request.params, i), cached_tokens=len(request.prompt))
@@ -467,7 +500,7 @@ class HFSampler:
         if finished:
             self._remove_rows(set(finished))
         for request in complete:  # after their rows are gone: a caller holding its result sees them gone too
-            _settle(request.future, SampleResult(list(request.prompt), list(request.sequences)))  # type: ignore[arg-type]
+            settle_future(request.future, SampleResult(list(request.prompt), list(request.sequences)))  # type: ignore[arg-type]
 
     @staticmethod
     def _notify(row: _Row, event: TokenEvent) -> bool:
@@ -480,7 +513,7 @@ class HFSampler:
         try:
             request.on_token(event)
         except Exception as error:  # e.g. the listener's event loop closed: only this request fails
-            _settle(request.future, error=error)
+            settle_future(request.future, error=error)
             return False
         return True
 
@@ -517,20 +550,20 @@ class HFSampler:
 
     def _fail_running(self, error: Exception) -> None:
         for row in self._rows:
-            _settle(row.request.future, error=error)
+            settle_future(row.request.future, error=error)
         self._rows, self._kv = [], None
 
     def _fail_everything(self, error: Exception) -> None:
         self._fail_running(error)
         while self._waiting:
-            _settle(self._waiting.popleft().future, error=error)
+            settle_future(self._waiting.popleft().future, error=error)
         while True:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
             if isinstance(item, (_SampleRequest, _Call)):
-                _settle(item.future, error=error)
+                settle_future(item.future, error=error)
 
     @staticmethod
     def _pick_pad_id(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> int:
@@ -557,7 +590,9 @@ class HFSampler:
         return tuple(dict.fromkeys(ids))
 
 
-def _settle(future: concurrent.futures.Future[Any], result: Any = None, error: BaseException | None = None) -> None:
+def settle_future(
+    future: concurrent.futures.Future[Any], result: Any = None, error: BaseException | None = None
+) -> None:
     """Give `future` its result or error, unless it is done: its caller may cancel it from another thread
     at any moment (sample requests stay pending while they run), and a cancelled future takes neither."""
     try:

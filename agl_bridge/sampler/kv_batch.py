@@ -43,6 +43,10 @@ class UnsupportedArchitectureError(ValueError):
     def __init__(self, model_type: str, missing: str) -> None:
         super().__init__(f"model type {model_type!r} cannot be served by the HF sampler: {missing}; {_ALTERNATIVE}")
         self.model_type = model_type
+        self.missing = missing
+
+    def __reduce__(self) -> tuple[type[UnsupportedArchitectureError], tuple[str, str]]:  # crosses processes whole
+        return type(self), (self.model_type, self.missing)
 
 
 @dataclass(frozen=True)

@@ -46,11 +46,14 @@ def choose_tokens(
         uniforms = torch.empty(len(stochastic), dtype=torch.float64, device=logits.device)
         unseeded = [j for j, i in enumerate(stochastic) if rows[i].generator is None]
         if unseeded:
-            uniforms[unseeded] = torch.rand(len(unseeded), dtype=torch.float64, generator=shared_generator)
+            # A generator draws only on its own device (a CUDA one into a CPU tensor is an error).
+            uniforms[unseeded] = torch.rand(
+                len(unseeded), dtype=torch.float64, device=shared_generator.device, generator=shared_generator
+            )
         for j, i in enumerate(stochastic):
             generator = rows[i].generator
             if generator is not None:
-                uniforms[j] = torch.rand(1, dtype=torch.float64, generator=generator)[0]
+                uniforms[j] = torch.rand(1, dtype=torch.float64, device=generator.device, generator=generator)[0]
         tokens[index] = _inverse_cdf(probs, uniforms)
 
     chosen_logprobs = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)

@@ -3,9 +3,10 @@
 Shared by the CI fuzz test (a few hundred requests, derandomized) and `bench/reliability_fuzz.py`
 (10,000+). Requests mix well-formed and malformed chat and completion bodies, odd field types and
 values (NaN, huge integers, wrong types), odd rollout ids in paths and headers, OTLP bodies, unknown
-paths and methods, bytes that are not JSON, and Anthropic Messages / Responses bodies and stored-response
-ids (`route_requests` draws for one route). Every answer must be below 500; every error must be in its
-route's protocol's shape (`error_problem`); a stream must be well-formed SSE without an error event.
+paths and methods, bytes that are not JSON, and Anthropic Messages (and token count) / Responses
+bodies and stored-response ids (`route_requests` draws for one route, half of them streamed where
+the route streams). Every answer must be below 500; every error must be in its route's protocol's
+shape (`error_problem`); a stream must be well-formed SSE without an error event.
 """
 
 from __future__ import annotations
@@ -341,8 +342,16 @@ def _encode(value: Any) -> bytes:
     return json.dumps(value, allow_nan=True).encode()
 
 
-ROUTES = ("chat", "completions", "messages", "responses", "stored_responses")
+ROUTES = ("chat", "completions", "messages", "count_tokens", "responses", "stored_responses")
 """The routes `route_requests` generates bodies for."""
+_PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "messages": "/v1/messages",
+    "count_tokens": "/v1/messages/count_tokens",
+    "responses": "/v1/responses",
+}
+_STREAMED = frozenset({"chat", "completions", "messages", "responses"})
 
 
 @st.composite
@@ -360,10 +369,13 @@ def route_requests(draw: st.DrawFn, route: str) -> FuzzRequest:
         "chat": chat_bodies,
         "completions": completion_bodies,
         "messages": anthropic_bodies,
+        "count_tokens": anthropic_bodies,
         "responses": responses_bodies,
     }[route]
-    path = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}.get(route, f"/v1/{route}")
-    return FuzzRequest("POST", prefix + path, headers, _encode(draw(strategy)))
+    body = draw(strategy)
+    if route in _STREAMED and draw(st.booleans()):  # else whatever `stream` the body drew, if any
+        body["stream"] = True
+    return FuzzRequest("POST", prefix + _PATHS[route], headers, _encode(body))
 
 
 @st.composite
@@ -397,7 +409,9 @@ def requests(draw: st.DrawFn) -> FuzzRequest:
             _encode(draw(completion_bodies)),
         )
     if kind == "bridged":
-        return draw(route_requests(draw(st.sampled_from(["messages", "responses", "stored_responses"]))))
+        return draw(
+            route_requests(draw(st.sampled_from(["messages", "count_tokens", "responses", "stored_responses"])))
+        )
     if kind == "traces":
         return FuzzRequest("POST", "/v1/traces", headers, _encode(draw(otlp_bodies)))
     if kind == "raw":

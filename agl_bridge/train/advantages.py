@@ -40,7 +40,7 @@ Advantage = float | list[list[float]]
 class AdvantageBatch:
     """Trajectories with their advantage, plus what was dropped and how many trajectories were seen."""
 
-    items: list[tuple[Trajectory, float]] = field(default_factory=list)
+    items: list[tuple[Trajectory, Advantage]] = field(default_factory=list)
     groups: int = 0
     groups_dropped_zero_variance: int = 0
     trajectories: int = 0
@@ -83,6 +83,14 @@ def group_advantages(
 def constant_divisor(estimator: str, trajectories: int, budget: int) -> float:
     """Dr. GRPO's constant normaliser, the step's trajectories × the generation budget (tokens); 1 otherwise."""
     return float(max(1, trajectories) * budget) if estimator == "dr_grpo" else 1.0
+
+
+def batch_datums(batch: AdvantageBatch, *, aggregation: str, estimator: str, budget: int) -> list[Datum]:
+    """A step's datums from its advantage batch: aggregation and the estimator's constant divisor applied."""
+    if not batch.items:
+        return []
+    divisor = constant_divisor(estimator, batch.trajectories, budget)
+    return datums_for(batch.items, aggregation, divisor=divisor)
 
 
 def datums_for(items: Sequence[tuple[Trajectory, Advantage]], aggregation: str, *, divisor: float = 1.0) -> list[Datum]:

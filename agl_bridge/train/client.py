@@ -2,7 +2,8 @@
 
 ``forward_backward`` accumulates gradients (call it several times to micro-batch), ``optim_step``
 applies AdamW and zeroes them, ``save_weights_and_get_sampling_client`` merges the adapter into
-the in-process `HFSampler` between two decode steps (no restart, no dropped requests).
+the `HFSampler` (in this process, or in its child process: `HFProcessSampler`) between two decode
+steps (no restart, no dropped requests).
 
 Logprobs: input ids → logits → log_softmax in float32 → gather the targets; the sampler computes
 the same raw quantity, so on the first on-policy step the importance ratio is 1 up to float noise.
@@ -40,6 +41,7 @@ from safetensors.torch import load_file, save_file
 from agl_bridge.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from agl_bridge.sampler.base import AdapterSampler, TokenSampler
 from agl_bridge.sampler.hf import HFSampler
+from agl_bridge.sampler.hf_process import HFProcessSampler
 from agl_bridge.sampler.weights import MERGEABLE_LAYERS
 from agl_bridge.train.checkpoint import (
     ADAPTER_FILE,
@@ -199,7 +201,7 @@ class TrainingClient:
         seed: int = 0,
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
-        sampler: HFSampler | AdapterSampler | None = None,
+        sampler: HFSampler | HFProcessSampler | AdapterSampler | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
     ) -> None:
         if not isinstance(lora_rank, int) or isinstance(lora_rank, bool) or lora_rank < 1:
@@ -319,7 +321,7 @@ class TrainingClient:
         return self._vocab_size
 
     @property
-    def sampler(self) -> HFSampler | AdapterSampler | None:
+    def sampler(self) -> HFSampler | HFProcessSampler | AdapterSampler | None:
         """The sampler weights are published to (None until the first sync when none was given)."""
         return self._sampler
 
@@ -388,8 +390,8 @@ class TrainingClient:
     ) -> SamplingClient:
         """Publish the current adapter to the sampler (no restart) and return a client for it.
 
-        An in-process `HFSampler` merges it between decode steps. An `AdapterSampler` (remote vLLM
-        or agl-bridge servers, in-process vLLM) gets it as a peft folder written to
+        An `HFSampler` (or `HFProcessSampler`, copied to its process) merges it between decode steps.
+        An `AdapterSampler` (remote vLLM or agl-bridge servers, in-process vLLM) gets it as a peft folder written to
         `sampler.adapter_path(version)` and loaded as `<model>-v<version>`; older ones are unloaded.
         version: the policy version to give the new weights (default: the sampler's + 1). The
         sampler is created over a fresh copy of the base model on first use if none was given.
@@ -737,7 +739,7 @@ class TrainingClient:
                 raise RuntimeError(f"unexpected adapter tensor {key!r}; the sampler cannot merge it")
         return state
 
-    def _ensure_sampler(self) -> HFSampler | AdapterSampler:
+    def _ensure_sampler(self) -> HFSampler | HFProcessSampler | AdapterSampler:
         if self._sampler is None:
             model = load_causal_lm(self._base_path, device=str(self._device), dtype=self._dtype)
             if self._train_unembedding:
@@ -750,16 +752,20 @@ class TrainingClient:
             self._owns_sampler = True
         return self._sampler
 
-    def _check_sampler(self, sampler: HFSampler | AdapterSampler, fingerprint: str) -> None:
-        model = getattr(sampler, "model", None)
-        if model is None or isinstance(sampler, AdapterSampler):  # a remote / vLLM model is not ours to inspect
-            return
-        if config_fingerprint(model.config) != fingerprint:
+    def _check_sampler(self, sampler: HFSampler | HFProcessSampler | AdapterSampler, fingerprint: str) -> None:
+        if isinstance(sampler, HFProcessSampler):  # its model lives in its child process, which reports on it
+            config, tied = sampler.model_config, sampler.embeddings_tied
+        else:
+            model = getattr(sampler, "model", None)
+            if model is None or isinstance(sampler, AdapterSampler):  # a remote / vLLM model is not ours to inspect
+                return
+            config, tied = model.config, _embeddings_tied(model)
+        if config_fingerprint(config) != fingerprint:
             raise ValueError(
                 "the sampler's model has a different config from the base model "
                 f"{self._base_path}; give a sampler over the same base model, or none to have one created"
             )
-        if self._train_unembedding and _embeddings_tied(model):
+        if self._train_unembedding and tied:
             raise ValueError(
                 "train_unembedding=True needs the sampler's output layer untied from its input embeddings "
                 "(the trained lm_head gets its own copy); pass sampler=None to have a matching sampler "

@@ -156,6 +156,8 @@ class GRPOConfig:
     agent: str | list[str] = ""
     tasks: str = ""
     eval_tasks: str | None = None
+    validation_tasks: str | None = None
+    keep_best: bool = False
     offline_data: str | None = None
     model: str = "tiny"
     run_dir: str = "runs/grpo"
@@ -224,6 +226,7 @@ class GRPOConfig:
     sampler_max_lora_rank: int | None = SamplerSpec.max_lora_rank
     sampler_max_loras: int | None = SamplerSpec.max_loras
     sampler_enforce_eager: bool = SamplerSpec.enforce_eager
+    sampler_process: bool | None = SamplerSpec.process
     adapter_dir: str | None = SamplerSpec.adapter_dir
     litellm_config: str | None = None
 
@@ -259,6 +262,11 @@ class GRPOConfig:
         for name in positive:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if self.keep_best and (self.mode != "online" or self.offline_data):
+            raise ConfigError(
+                "keep_best chooses among the adapters of an online run by their validation reward; this run is "
+                f"{'offline' if self.offline_data else repr(self.mode)}: set keep_best = false"
+            )
         if self.max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if not self.learning_rate > 0:
@@ -571,7 +579,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GR
         raise ConfigError(f"{path} must hold a mapping of settings")
     merged = {**raw, **(overrides or {})}
     base = path.resolve().parent
-    for name in ("tasks", "eval_tasks", "offline_data", "adapter_dir", "litellm_config"):
+    for name in ("tasks", "eval_tasks", "validation_tasks", "offline_data", "adapter_dir", "litellm_config"):
         value = merged.get(name)
         if isinstance(value, str) and value and not Path(value).is_absolute():
             merged[name] = str(base / value)  # before validation, which may read the file

@@ -44,7 +44,7 @@ from agl_bridge.convert.policy import ConvertOptions, weighted_return
 from agl_bridge.proxy.server import ProxyServer
 from agl_bridge.store.base import Store
 from agl_bridge.store.location import describe_location, store_at
-from agl_bridge.train.advantages import constant_divisor, datums_for, group_advantages
+from agl_bridge.train.advantages import batch_datums, group_advantages
 from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.follow_groups import ReadyGroup, WaitingCounts, ready_groups
@@ -191,8 +191,12 @@ class FollowLoop:
                 advantages = group_advantages(
                     trajectories, estimator=config.advantage, std_scaling=config.advantage_std_scaling
                 )
-                divisor = constant_divisor(config.advantage, advantages.trajectories, config.default_max_tokens)
-                datums = datums_for(advantages.items, config.aggregation, divisor=divisor) if advantages.items else []
+                datums = batch_datums(
+                    advantages,
+                    aggregation=config.aggregation,
+                    estimator=config.advantage,
+                    budget=config.default_max_tokens,
+                )
                 t2 = time.perf_counter()
                 metrics = await train_step(
                     self.client, datums, settings.at_learning_rate(config.learning_rate_at(step - 1))

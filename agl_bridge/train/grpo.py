@@ -14,14 +14,16 @@ loop below, which reads top to bottom. Each step:
 4. datums — one per trajectory segment, the advantage on its sampled tokens;
 5. train — forward_backward + optim_step (`step.train_step`, shared with offline and the warm start);
 6. sync — the new adapter handed to the live sampler (no restart);
-7. log — one metrics record; 8. eval — held-out tasks every `eval_every` steps;
+7. log — one metrics record; 8. eval — held-out tasks every `eval_every` steps (and the validation
+   tasks; with `keep_best` the adapter of the best validation reward is kept, `best_adapter.py`);
 9. checkpoint — every `checkpoint_every` steps (`loop_state.py`); `resume` continues from the last,
    and because step k always takes the same tasks (a seeded schedule), nothing repeats or is skipped.
 
 Before the first step: an optional supervised warm start (`warm_start.py`) and an evaluation. With
 `max_staleness` K > 0 the rollouts of the next K steps are sampled while the current step trains
 (`SampleAhead`); their tokens then come from a policy up to K versions old, which the truncated
-importance sampling against the sampler's logprobs corrects.
+importance sampling against the sampler's logprobs corrects. After the last step, with `keep_best`,
+the kept adapter is loaded back: it is the run's final adapter.
 """
 
 from __future__ import annotations
@@ -54,13 +56,8 @@ from agl_bridge.runner import (
 from agl_bridge.runner.recovery import fail_interrupted
 from agl_bridge.runner.runner import AgentFunction
 from agl_bridge.store.base import Store
-from agl_bridge.train.advantages import (
-    Advantage,
-    AdvantageBatch,
-    constant_divisor,
-    datums_for,
-    group_advantages,
-)
+from agl_bridge.train.advantages import AdvantageBatch, batch_datums, group_advantages
+from agl_bridge.train.best_adapter import BestAdapter
 from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig, config_to_dict
 from agl_bridge.train.distill import Teacher, distill_items
@@ -81,8 +78,8 @@ from agl_bridge.train.warm_start import load_pairs, warm_start
 class GRPOTrainer:
     """Runs a GRPO training job described by a `GRPOConfig`: online through the agent, or offline on recorded data.
 
-    agent / tasks / eval_tasks / warm_start_pairs override the config's `agent`, `tasks`,
-    `eval_tasks` and `warm_start.data`; `log` replaces the run's own `RunLog` (left open).
+    agent / tasks / eval_tasks / validation_tasks / warm_start_pairs override the config's `agent`, `tasks`,
+    `eval_tasks`, `validation_tasks` and `warm_start.data`; `log` replaces the run's own `RunLog` (left open).
     """
 
     def __init__(
@@ -92,6 +89,7 @@ class GRPOTrainer:
         agent: AgentFunction | AgentCommand | None = None,
         tasks: Sequence[Any] | None = None,
         eval_tasks: Sequence[Any] | None = None,
+        validation_tasks: Sequence[Any] | None = None,
         warm_start_pairs: Sequence[tuple[Any, str]] | None = None,
         log: RunLog | None = None,
     ) -> None:
@@ -124,6 +122,16 @@ class GRPOTrainer:
         self.eval_tasks = (
             list(eval_tasks) if eval_tasks is not None else (load_tasks(config.eval_tasks) if config.eval_tasks else [])
         )
+        self.validation_tasks = (
+            list(validation_tasks)
+            if validation_tasks is not None
+            else (load_tasks(config.validation_tasks) if config.validation_tasks else [])
+        )
+        if config.keep_best and not self.validation_tasks:
+            raise ConfigError(
+                "keep_best needs validation tasks (validation_tasks = 'validation.jsonl'): tasks never trained on and "
+                "apart from eval_tasks, by whose reward the run's adapter is chosen"
+            )
         self.warm_start_pairs = (
             list(warm_start_pairs) if warm_start_pairs is not None else load_pairs(config.warm_start.data)
         )
@@ -230,6 +238,10 @@ class GRPOTrainer:
         runner = self._runner(proxy, store, config.group_size)
         evaluator = self._runner(proxy, store, config.eval_group_size)
         evaluate = functools.partial(evaluate_held_out, evaluator, self.eval_tasks, store, options, log)
+        validate = functools.partial(
+            evaluate_held_out, evaluator, self.validation_tasks, store, options, log, split=VALIDATION
+        )
+        best = BestAdapter(self.run_dir, resume=state is not None) if config.keep_best else None
         ahead = SampleAhead(
             lambda step: runner.run(self.schedule.for_step(step), group_prefix=f"s{step}"),
             steps=config.steps,
@@ -244,6 +256,7 @@ class GRPOTrainer:
                     summary.warm_start = {"before": before, "after": summary.eval_start}
                 else:
                     summary.eval_start = await evaluate(step=0, label="start of RL")
+                await _validate(validate, best, client, log, step=0, held_out=summary.eval_start)
                 first_step = 0
             else:
                 interrupted = await fail_interrupted(
@@ -268,17 +281,16 @@ class GRPOTrainer:
                 ]
                 trajectories, rewarding = await self._trainer_rewards(trajectories, store, options, judge)
                 # advantages, datums
-                items: list[tuple[Trajectory, Advantage]]
                 if teacher is not None:
                     items, rewarding["reverse_kl"] = await asyncio.to_thread(distill_items, trajectories, teacher)
-                    batch = AdvantageBatch(groups=len(trajectories), trajectories=len(trajectories))
+                    batch = AdvantageBatch(items=items, groups=len(trajectories), trajectories=len(trajectories))
                 else:
                     batch = group_advantages(
                         trajectories, estimator=config.advantage, std_scaling=config.advantage_std_scaling
                     )
-                    items = list(batch.items)
-                divisor = constant_divisor(config.advantage, batch.trajectories, config.default_max_tokens)
-                datums = datums_for(items, config.aggregation, divisor=divisor) if items else []
+                datums = batch_datums(
+                    batch, aggregation=config.aggregation, estimator=config.advantage, budget=config.default_max_tokens
+                )
                 t2 = time.perf_counter()
                 # train
                 metrics = await train_step(client, datums, settings.at_learning_rate(config.learning_rate_at(step)))
@@ -323,6 +335,7 @@ class GRPOTrainer:
                 last = step + 1 == config.steps
                 if (step + 1) % config.eval_every == 0 or last:
                     summary.eval_end = await evaluate(step=step + 1, label=f"after step {step + 1}")
+                    await _validate(validate, best, client, log, step=step + 1, held_out=summary.eval_end)
                 # checkpoint
                 if (step + 1) % config.checkpoint_every == 0 or last:
                     save_checkpoint(client, self.run_dir, step + 1, summary.eval_start, config.seed, log)
@@ -333,6 +346,13 @@ class GRPOTrainer:
             evaluator.close()
             if judge is not None:
                 await judge.close()
+        kept = best.restore(client) if best is not None else None
+        if kept is not None:
+            summary.kept_step, summary.eval_end = kept.step, kept.held_out_reward
+            log.say(
+                f"the run ends with the adapter of step {kept.step}: best validation reward "
+                f"{format_reward(kept.validation_reward)}, held-out reward {format_reward(kept.held_out_reward)}"
+            )
         client.save_weights_for_sampler(self.run_dir / "final_adapter")
         return summary
 
@@ -415,6 +435,25 @@ class SampleAhead:
             task.cancel()
 
 
+async def _validate(
+    validate: Callable[..., Coroutine[Any, Any, float | None]],
+    best: BestAdapter | None,
+    client: TrainingClient,
+    log: RunLog,
+    *,
+    step: int,
+    held_out: float | None,
+) -> None:
+    """Evaluate the validation tasks (if any); with `keep_best`, offer the current adapter."""
+    reward = await validate(step=step, label=f"after step {step}" if step else "start of RL")
+    if best is not None and best.offer(client, step=step, validation_reward=reward, held_out_reward=held_out):
+        log.say(f"kept the adapter of {f'step {step}' if step else 'the start of RL'}: best validation reward so far")
+
+
+VALIDATION = "validation"
+"""The split of the validation tasks: its records have phase "validation" and `validation_reward`."""
+
+
 async def evaluate_held_out(
     evaluator: Runner,
     tasks: Sequence[Any],
@@ -425,8 +464,10 @@ async def evaluate_held_out(
     step: int,
     label: str,
     stage: str = "rl",
+    split: str = "held-out",
 ) -> float | None:
-    """The mean return over the held-out `tasks`, logged as an "eval" record; None without tasks or rewards.
+    """The mean return over `tasks` — the held-out ones, or with `split=VALIDATION` the validation ones —
+    logged as an "eval" (or "validation") record; None without tasks or rewards.
 
     A rollout's return weighs its rewards as training does (`weighted_return` with the run's
     options); rollouts that emitted no reward are counted apart (`eval_without_reward`).
@@ -443,16 +484,17 @@ async def evaluate_held_out(
         if totals:
             returns.append(weighted_return(totals, options))
     value = statistics.fmean(returns) if returns else None
+    phase = "validation" if split == VALIDATION else "eval"
     log.write(
         {
-            "phase": "eval",
+            "phase": phase,
             "stage": stage,
             "step": step,
-            "eval_reward": value,
+            f"{phase}_reward": value,
             "eval_rollouts": len(outcomes),
             "eval_without_reward": len(outcomes) - len(returns),
             "time_eval_s": round(time.perf_counter() - t0, 3),
         }
     )
-    log.say(f"[bold]eval[/bold] {label}: held-out reward {format_reward(value)} over {len(returns)} rollouts")
+    log.say(f"[bold]eval[/bold] {label}: {split} reward {format_reward(value)} over {len(returns)} rollouts")
     return value

@@ -23,7 +23,7 @@ from agl_bridge.errors import ConfigError
 from agl_bridge.models.loading import resolve_model_path
 from agl_bridge.runner import TaskSchedule
 from agl_bridge.store.sqlite import SQLiteStore
-from agl_bridge.train.advantages import constant_divisor, datums_for, group_advantages
+from agl_bridge.train.advantages import batch_datums, group_advantages
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
 from agl_bridge.train.metrics import reward_stats
@@ -76,8 +76,9 @@ def train_offline(config: GRPOConfig, log: RunLog, *, resume: bool = False) -> R
             began = time.perf_counter()
             members = [t for group in schedule.for_step(step) for t in group]
             batch = group_advantages(members, estimator=config.advantage, std_scaling=config.advantage_std_scaling)
-            divisor = constant_divisor(config.advantage, batch.trajectories, config.default_max_tokens)
-            datums = datums_for(batch.items, config.aggregation, divisor=divisor) if batch.items else []
+            datums = batch_datums(
+                batch, aggregation=config.aggregation, estimator=config.advantage, budget=config.default_max_tokens
+            )
             metrics = asyncio.run(train_step(client, datums, settings.at_learning_rate(config.learning_rate_at(step))))
             record = {
                 "phase": "train",

@@ -22,6 +22,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         for r in records
         if r.get("phase") == "eval" and r.get("eval_reward") is not None and r.get("stage", "rl") == "rl"
     ]
+    validation = [r for r in records if r.get("phase") == "validation" and r.get("validation_reward") is not None]
     before_warm = [r for r in records if r.get("stage") == "before_warm_start" and r.get("eval_reward") is not None]
     if not train and not evals:
         raise ValueError(f"{run_dir / 'metrics.jsonl'} has no reward or evaluation records to plot yet")
@@ -36,6 +37,14 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     if evals:
         rewards.plot(
             [r["step"] for r in evals], [r["eval_reward"] for r in evals], "o-", label="held-out reward", linewidth=2
+        )
+    if validation:
+        rewards.plot(
+            [r["step"] for r in validation],
+            [r["validation_reward"] for r in validation],
+            "s--",
+            label="validation reward",
+            alpha=0.8,
         )
     if before_warm:
         rewards.scatter(

@@ -27,6 +27,8 @@ class RunSummary:
     eval_start: float | None
     eval_end: float | None
     warm_start: dict[str, float | None] = field(default_factory=dict)
+    kept_step: int | None = None
+    """With `keep_best`: the step whose adapter the run ended with (eval_end is its held-out reward)."""
 
 
 class RunLog:
@@ -121,7 +123,7 @@ def drop_records_after(run_dir: str | Path, step: int) -> int:
         except json.JSONDecodeError:
             dropped += 1
             continue
-        if record.get("phase") in ("train", "eval") and int(record.get("step", 0)) > step:
+        if record.get("phase") in ("train", "eval", "validation") and int(record.get("step", 0)) > step:
             dropped += 1
             continue
         kept.append(line)

@@ -15,6 +15,7 @@ from typing import Any
 
 from agl_bridge.sampler.base import AdapterSampler
 from agl_bridge.sampler.hf import HFSampler
+from agl_bridge.sampler.hf_process import HFProcessSampler
 from agl_bridge.train.client import AdamParams, CustomLossFn, TrainingClient
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.datum import Datum
@@ -69,7 +70,7 @@ def adam_params(config: GRPOConfig) -> AdamParams:
 
 
 def run_client(
-    config: GRPOConfig, model_path: str, sampler: HFSampler | AdapterSampler | None = None
+    config: GRPOConfig, model_path: str, sampler: HFSampler | HFProcessSampler | AdapterSampler | None = None
 ) -> TrainingClient:
     """The TrainingClient of a run config (its LoRA, seed and memory bound), publishing to `sampler` if given."""
     return TrainingClient(

@@ -98,6 +98,7 @@ CHARTS: tuple[Chart, ...] = (
         (
             Series("train", "reward_mean", "reward (training rollouts)"),
             Series("eval", "eval_reward", "held-out reward"),
+            Series("validation", "validation_reward", "validation reward"),
         ),
     ),
     Chart("loss", "Loss", (Series("train", "loss", "loss"),)),

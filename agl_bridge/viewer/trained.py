@@ -144,7 +144,9 @@ def _train_group(group_id: str, records: list[RolloutRecords], settings: RunSett
     if trajectories:
         estimator = "mean_std" if settings.std_scaling else settings.advantage
         batch = trainer_group_advantages()(trajectories, estimator=estimator)
-        group.advantages = {(t.rollout_id, t.attempt_id): advantage for t, advantage in batch.items}
+        group.advantages = {
+            (t.rollout_id, t.attempt_id): advantage for t, advantage in batch.items if isinstance(advantage, float)
+        }  # a group's advantages are one number per trajectory (per-token ones come only from a teacher)
         group.zero_variance = batch.groups_dropped_zero_variance > 0
     return group
 

@@ -44,6 +44,8 @@ class Harness:
         self.api_key = api_key
         self.pool = ThreadPoolExecutor(max_workers=concurrency)
         self.run_id = uuid.uuid4().hex[:8]
+        # One OpenAI client (its connection pool and TLS context) for every rollout; each gets its own base URL.
+        self.openai = openai.OpenAI(base_url=self.base_url, api_key=api_key, max_retries=0)
 
     def lifecycle(self, rollout_id: str, route: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST one lifecycle request; raise on anything but 200 (the error names what was wrong)."""
@@ -58,9 +60,7 @@ class Harness:
         task = {"task_id": f"number-{number}", "metadata": {"number": number}, "eval": is_eval}
         self.lifecycle(rollout_id, "start", task)
         try:
-            client = openai.OpenAI(
-                base_url=f"{self.base_url}/rollout/{rollout_id}/attempt/0/v1", api_key=self.api_key, max_retries=0
-            )
+            client = self.openai.with_options(base_url=f"{self.base_url}/rollout/{rollout_id}/attempt/0/v1")
             reply = client.chat.completions.create(
                 model=self.model,
                 messages=[{"role": "user", "content": prompt_for(number)}],
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
     base_url, api_key = endpoint_of(args)
     harness = Harness(base_url, api_key, model=args.model, max_tokens=args.max_tokens, concurrency=args.concurrency)
-    train_numbers, held_out = split_numbers()
+    train_numbers, _, held_out = split_numbers()
     rng = random.Random(args.seed)
     round_number = 0
     try:

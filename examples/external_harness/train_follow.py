@@ -31,6 +31,7 @@ def build_config(args: argparse.Namespace) -> GRPOConfig:
     return dataclasses.replace(
         demo_config(args),
         mode="follow",
+        keep_best=False,  # the follow trainer has no validation tasks of its own: the harness marks its evals
         max_staleness=args.max_staleness,
         checkpoint_every=args.checkpoint_every,
         tensorboard=False,
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sampler", choices=("hf", "vllm"), default="hf", help="as the demo's --sampler")
     args = parser.parse_args(argv)
     args.quick = False  # the demo's --quick shrinks its runner settings; the harness sets the pace here
-    train_numbers, _ = split_numbers()
+    train_numbers, _, _ = split_numbers()
     pairs = [(prompt_for(n), f"I'm {n}.") for n in train_numbers]
     summary = GRPOTrainer(build_config(args), warm_start_pairs=pairs).run(resume=args.resume)
     print(

@@ -14,13 +14,17 @@ import re
 from openai import OpenAI
 
 HELD_OUT = 40
+VALIDATION = 40
 
 
-def split_numbers(seed: int = 1234) -> tuple[list[int], list[int]]:
-    """(training numbers, held-out numbers): disjoint, fixed for a seed; held-out ones are never trained on."""
+def split_numbers(seed: int = 1234) -> tuple[list[int], list[int], list[int]]:
+    """(training, validation, held-out numbers): disjoint, fixed for a seed. Neither validation nor held-out
+    numbers are ever trained on; the validation ones choose the adapter a run keeps, the held-out ones
+    measure it."""
     numbers = list(range(1000))
     random.Random(seed).shuffle(numbers)
-    return numbers[HELD_OUT:], sorted(numbers[:HELD_OUT])
+    validation_end = HELD_OUT + VALIDATION
+    return numbers[validation_end:], sorted(numbers[HELD_OUT:validation_end]), sorted(numbers[:HELD_OUT])
 
 
 _CLAIM = re.compile(r"\bi(?:'m| am)\s+(not\s+)?([^\s.,!?;:]+)", re.IGNORECASE)
@@ -42,11 +46,17 @@ def reward_for(reply: str | None, number: int) -> float:
     return verdict
 
 
+# One client for every rollout of the process, as an agent service keeps one: each `OpenAI(...)` builds an
+# HTTP client whose TLS context loads the CA certificates (~10-20 ms of CPU), more than the call itself.
+# `with_options` gives a rollout its own base URL over the shared connection pool.
+_CLIENT = OpenAI(base_url="http://127.0.0.1/v1", api_key="unset")
+
+
 def hello_agent(task: int, endpoint) -> None:
     """One rollout: ask, read the reply, emit the reward. `endpoint` carries base_url/model/key."""
     from agl_bridge import emit_reward  # here, so that the game rules above import without agl_bridge
 
-    client = OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key)
+    client = _CLIENT.with_options(base_url=endpoint.base_url, api_key=endpoint.api_key)
     response = client.chat.completions.create(
         model=endpoint.model,
         messages=[{"role": "user", "content": prompt_for(task)}],

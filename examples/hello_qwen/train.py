@@ -1,6 +1,6 @@
 """Train the hello agent: a short supervised warm start, then GRPO through the proxy, on a CPU.
 
-    python examples/hello_qwen/train.py                       # the tiny default model, ~7 minutes
+    python examples/hello_qwen/train.py                       # the tiny default model, ~8 minutes
     python examples/hello_qwen/train.py --quick               # a few steps, to check the pipeline
     python examples/hello_qwen/train.py --model Qwen/Qwen3-4B-Instruct-2507 --no-warm-start   # a GPU
     python examples/hello_qwen/train.py --sampler vllm        # sample with an in-process vLLM engine
@@ -12,6 +12,7 @@ policy generalising ("Say you are 731" → "I'm 731"), not memorising.
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from pathlib import Path
 
@@ -28,11 +29,27 @@ from agl_bridge.train.grpo import GRPOTrainer, RunSummary
 # are equal, the group is dropped, and RL never brings it back. The held-out numbers' short eighth then
 # caps the end value near 0.8. Six times as often (two fifths of the training mix), they hold their own.
 SHORT_NUMBER_WEIGHT = 6
+WARM_START_SPLIT_SEED = 7
 
 
 def with_short_numbers_weighted(numbers: list[int]) -> list[int]:
     """`numbers` with each 1- or 2-digit number repeated SHORT_NUMBER_WEIGHT times: the training mix."""
     return [n for n in numbers for _ in range(SHORT_NUMBER_WEIGHT if n < 100 else 1)]
+
+
+def split_warm_start_and_rl(numbers: list[int]) -> tuple[list[int], list[int]]:
+    """(warm-start numbers, RL numbers): halves of the training numbers, fixed whatever the run's seed.
+
+    The warm start all but memorises its numbers ("I'm 412" for 412) without learning to copy a number it
+    never saw (the held-out reward after it stays near 0). RL on those same numbers then finds most groups
+    already right, with equal returns and nothing to teach; on numbers the warm start never saw, every
+    group is a test of copying, which is what the held-out numbers measure. Two seeds that ended at
+    0.79 and 0.85 with one shared set ended at 0.82 and 0.96 with the halves.
+    """
+    shuffled = sorted(numbers)
+    random.Random(WARM_START_SPLIT_SEED).shuffle(shuffled)
+    half = len(shuffled) // 2
+    return shuffled[:half], shuffled[half:]
 
 
 def build_config(args: argparse.Namespace) -> GRPOConfig:
@@ -41,7 +58,7 @@ def build_config(args: argparse.Namespace) -> GRPOConfig:
     return GRPOConfig(
         model=args.model,
         run_dir=args.run_dir,
-        steps=args.steps or (3 if quick else 140),
+        steps=args.steps or (3 if quick else 200),
         batch_size=4 if quick else args.batch_size,
         group_size=4 if quick else args.group_size,
         learning_rate=args.learning_rate,
@@ -55,6 +72,9 @@ def build_config(args: argparse.Namespace) -> GRPOConfig:
         aggregation="token_mean",
         eval_every=1 if quick else 10,
         eval_group_size=1 if quick else 4,  # 4 rollouts per held-out number: half the sampling variance of 2
+        # Late steps train on the few groups still unsolved and the policy keeps moving: the run ends with the
+        # adapter of its best validation reward (numbers apart from the held-out ones), measured on held-out.
+        keep_best=True,
         checkpoint_every=1 if quick else 20,
         default_max_tokens=16,
         concurrency=32,
@@ -73,7 +93,7 @@ def main(argv: list[str] | None = None) -> RunSummary:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="tiny (built offline), a local model directory, or a hub id")
     parser.add_argument("--run-dir", default="runs/hello")
-    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 140, 3 with --quick)")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 200, 3 with --quick)")
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument(
         "--lr-warmup-steps", type=int, default=10, help="RL steps over which the learning rate rises to its peak"
@@ -95,14 +115,15 @@ def main(argv: list[str] | None = None) -> RunSummary:
     )
     args = parser.parse_args(argv)
 
-    train_numbers, held_out = split_numbers()
-    training_mix = with_short_numbers_weighted(train_numbers)
+    train_numbers, validation, held_out = split_numbers()
+    warm_numbers, rl_numbers = split_warm_start_and_rl(train_numbers)
     trainer = GRPOTrainer(
         build_config(args),
         agent=hello_agent,
-        tasks=training_mix,
+        tasks=with_short_numbers_weighted(rl_numbers),
         eval_tasks=held_out,
-        warm_start_pairs=[(prompt_for(n), f"I'm {n}.") for n in training_mix],
+        validation_tasks=validation,
+        warm_start_pairs=[(prompt_for(n), f"I'm {n}.") for n in with_short_numbers_weighted(warm_numbers)],
     )
     summary = trainer.run(resume=args.resume)
     print_summary(summary, args.seed)
@@ -123,7 +144,8 @@ def print_summary(summary: RunSummary, seed: int) -> None:
     if summary.warm_start:
         table.add_row("before the supervised warm start", fmt(summary.warm_start.get("before")))
     table.add_row("start of RL" + (" (after the warm start)" if summary.warm_start else ""), fmt(summary.eval_start))
-    table.add_row(f"end of RL ({summary.steps} steps)", fmt(summary.eval_end))
+    kept = "" if summary.kept_step is None else f", adapter of step {summary.kept_step}"
+    table.add_row(f"end of RL ({summary.steps} steps{kept})", fmt(summary.eval_end))
     if summary.eval_start is not None and summary.eval_end is not None:
         table.add_row("change during RL", fmt(summary.eval_end - summary.eval_start))
     table.add_row("seed", str(seed))

@@ -73,7 +73,7 @@ PER_ROUTE = 1000
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("route", ["messages", "responses", "completions", "stored_responses"])
+@pytest.mark.parametrize("route", ["messages", "count_tokens", "responses", "completions", "stored_responses"])
 def test_each_protocols_route_takes_generated_bodies_without_a_5xx(
     proxy_server: Any, client: httpx.Client, route: str
 ) -> None:

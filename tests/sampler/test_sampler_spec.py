@@ -42,3 +42,14 @@ def test_errors_name_the_flag_and_the_key_and_urls_are_split() -> None:
     with pytest.raises(SamplerSpecError, match="must be an integer >= 1") as caught:
         SamplerSpec(max_batch_size=0).validate()
     assert caught.value.flag == "--max-batch-size"
+
+
+def test_where_the_hf_sampler_runs_is_a_switch_left_to_each_command_unless_said() -> None:
+    from agl_bridge.cli import app
+
+    serve = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    for args, expected in (([], None), (["--sampler-process"], True), (["--no-sampler-process"], False)):
+        assert serve.make_context("serve", list(args)).params["sampler_option_process"] is expected, args
+    with pytest.raises(SamplerSpecError, match="true or false") as caught:
+        SamplerSpec(process="yes").validate()  # type: ignore[arg-type]
+    assert (caught.value.flag, caught.value.key) == ("--sampler-process", "sampler_process")

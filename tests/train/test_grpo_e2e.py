@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from agl_bridge.runner import TaskSchedule
 
@@ -35,8 +37,8 @@ def toy_agent(task, endpoint):
 TASKS = ["cats", "dogs", "rain", "music", "bread", "ships", "trees", "stars"]
 
 
-def _write_run(tmp_path: Path, **settings: object) -> Path:
-    (tmp_path / "toy_agent.py").write_text(TOY_AGENT)
+def _write_run(tmp_path: Path, agent: str = TOY_AGENT, **settings: object) -> Path:
+    (tmp_path / "toy_agent.py").write_text(agent)
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
     config = {
         "agent": f"{tmp_path / 'toy_agent.py'}:toy_agent",
@@ -108,6 +110,66 @@ def test_resume_continues_without_repeating_or_skipping_tasks(tmp_path: Path) ->
     for step in range(4):
         tasks = sorted(json.loads(task) for group, task in rows if group.startswith(f"s{step}-"))
         assert tasks == sorted(schedule.for_step(step) * 2), f"step {step}"
+
+
+# The toy agent, except on validation tasks: their reward is 1 at the evaluation after step 1 only (each call
+# claims the next number of its task atomically), so the adapter kept is step 1's, not the last one.
+VALIDATED_TOY_AGENT = (
+    TOY_AGENT.replace("def toy_agent(", "def _toy(")
+    + """
+import os
+VALIDATION = {"clouds", "rivers", "songs"}
+
+
+def toy_agent(task, endpoint):
+    if task not in VALIDATION:
+        return _toy(task, endpoint)
+    _toy(task, endpoint)
+    call = 0
+    while True:
+        try:
+            os.close(os.open(os.path.join(os.environ["TOY_CALLS"], f"{task}-{call}"), os.O_CREAT | os.O_EXCL))
+            break
+        except FileExistsError:
+            call += 1
+    return 1.0 if call // 2 == 1 else 0.0  # two rollouts per task and evaluation: evaluation 1 is after step 1
+"""
+)
+
+
+def test_keep_best_ends_with_the_adapter_of_the_best_validation_reward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "validation.jsonl").write_text("".join(json.dumps(t) + "\n" for t in ["clouds", "rivers", "songs"]))
+    (tmp_path / "calls").mkdir()
+    monkeypatch.setenv("TOY_CALLS", str(tmp_path / "calls"))
+    config = _write_run(
+        tmp_path,
+        VALIDATED_TOY_AGENT,
+        steps=4,
+        eval_every=1,
+        checkpoint_every=100,
+        learning_rate=3e-2,
+        eval_tasks="tasks.jsonl",
+        validation_tasks="validation.jsonl",
+        keep_best=True,
+        eval_group_size=2,
+    )
+    result = _train(config)
+    run = tmp_path / "run"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    validation = {r["step"]: r["validation_reward"] for r in records if r["phase"] == "validation"}
+    held_out = {r["step"]: r["eval_reward"] for r in records if r["phase"] == "eval"}
+    assert sorted(validation) == sorted(held_out) == [0, 1, 2, 3, 4]
+    assert validation == {0: 0.0, 1: 1.0, 2: 0.0, 3: 0.0, 4: 0.0}
+    kept = json.loads((run / "best_adapter" / "best.json").read_text())
+    assert kept == {"step": 1, "validation_reward": 1.0, "held_out_reward": held_out[1]}
+    assert "the run ends with the adapter of step 1" in result.stderr
+    final = load_file(str(run / "final_adapter" / "adapter_model.safetensors"))
+    chosen = load_file(str(run / "best_adapter" / "adapter_model.safetensors"))
+    last = load_file(str(run / "checkpoints" / "step_000004" / "adapter_model.safetensors"))
+    assert final.keys() == chosen.keys() and all(torch.equal(final[k], chosen[k]) for k in final)
+    assert not all(torch.equal(final[k], last[k]) for k in final), "the run trained on after step 1"
 
 
 def test_bad_config_is_one_clear_line(tmp_path: Path) -> None:

@@ -13,11 +13,12 @@ from train_helpers import random_sequences, rl_batch
 from agl_bridge.models.loading import load_causal_lm
 from agl_bridge.sampler.base import SamplingParams
 from agl_bridge.sampler.hf import HFSampler
+from agl_bridge.sampler.hf_process import HFProcessSampler
 from agl_bridge.train import AdamParams, Datum, SamplingClient
 
 
 def _sampled_batch(
-    sampling: SamplingClient | HFSampler, prompts: list[list[int]], advantages: list[float]
+    sampling: SamplingClient | HFSampler | HFProcessSampler, prompts: list[list[int]], advantages: list[float]
 ) -> list[Datum]:
     """Sample one completion per prompt at temperature 1 and turn each into an RL datum."""
     data = []
@@ -107,3 +108,22 @@ def test_sync_is_fast_and_drops_no_request_in_flight(make_client) -> None:
     assert all(len(r.sequences[0].tokens) == 400 for r in results)
     # Tokens kept coming across the swaps: each sequence saw more than one policy version.
     assert all(len(set(r.sequences[0].token_policy_versions)) > 1 for r in results)
+
+
+@pytest.mark.slow
+def test_sync_to_a_sampler_in_its_own_process_scores_like_the_trainer(make_client, tiny_model_dir: Path) -> None:
+    with HFProcessSampler(tiny_model_dir, seed=0, torch_threads=1) as sampler:
+        with pytest.raises(ValueError, match="untied"):  # it reports its model's tied embeddings
+            make_client(train_unembedding=True, sampler=sampler)
+        client = make_client(sampler=sampler)
+        data = _sampled_batch(sampler, random_sequences(3, seed=5), [1.0, -1.0, 1.0])
+        client.forward_backward(data, "importance_sampling")
+        client.optim_step(AdamParams(learning_rate=2e-2))
+        synced = client.save_weights_and_get_sampling_client()
+        assert synced.weights_version == 1 == sampler.policy_version
+        trainer = client.forward(data).loss_fn_outputs
+        for datum, ours in zip(data, trainer, strict=True):
+            sampler_lp = sampler.compute_logprobs(datum.model_input + [datum.loss_fn_inputs["target_tokens"][-1]])[1:]
+            torch.testing.assert_close(torch.tensor(sampler_lp), ours["logprobs"], rtol=0, atol=1e-4)
+        versions = sampler.sample([5, 6, 7], SamplingParams(max_tokens=4, stop=[])).sequences[0].token_policy_versions
+        assert versions == [1] * 4
