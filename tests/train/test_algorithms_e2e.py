@@ -23,7 +23,7 @@ from test_grpo_e2e import TASKS, _train_records, _write_run
 pytestmark = pytest.mark.slow
 
 QUIET_AGENT = """
-def quiet_agent(task, endpoint):
+def toy_agent(task, endpoint):
     endpoint.openai_client().chat.completions.create(
         model=endpoint.model,
         messages=[{"role": "user", "content": f"Write something about {task}."}],
@@ -43,11 +43,10 @@ model_list:
 
 
 def _run(tmp_path: Path, **settings: Any) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "quiet_agent.py").write_text(QUIET_AGENT)
     (tmp_path / "judges.yaml").write_text(JUDGES)
     config = _write_run(
         tmp_path,
-        agent=f"{tmp_path / 'quiet_agent.py'}:quiet_agent",
+        QUIET_AGENT,
         litellm_config=str(tmp_path / "judges.yaml"),
         eval_every=100,
         checkpoint_every=100,
@@ -148,10 +147,13 @@ def test_distillation_lowers_the_reverse_kl_to_the_teacher(tmp_path: Path, teach
     result = _run(
         tmp_path,
         teacher=str(teacher_dir),
-        steps=12,
+        steps=20,
         batch_size=8,
         group_size=2,
         learning_rate=5e-3,
+        # 12 steps at a constant rate failed about one run in eight (a late jump back up, or a plateau): the
+        # drop was -1.2 to 2.5 nats. 20 steps decaying to zero: 1.6-5.1 in the runs measured.
+        lr_schedule="linear",
         default_max_tokens=12,
         warm_start={"data": str(tmp_path / "sft.jsonl"), "steps": 2, "batch_size": 8, "learning_rate": 1e-2},
     )

@@ -37,8 +37,9 @@ def toy_agent(task, endpoint):
 TASKS = ["cats", "dogs", "rain", "music", "bread", "ships", "trees", "stars"]
 
 
-def _write_run(tmp_path: Path, agent: str = TOY_AGENT, **settings: object) -> Path:
-    (tmp_path / "toy_agent.py").write_text(agent)
+def _write_run(tmp_path: Path, agent_source: str = TOY_AGENT, **settings: object) -> Path:
+    """Write a run config whose agent is `agent_source` (which must define `toy_agent`)."""
+    (tmp_path / "toy_agent.py").write_text(agent_source)
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
     config = {
         "agent": f"{tmp_path / 'toy_agent.py'}:toy_agent",
