@@ -28,15 +28,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from agl_bridge.chat import AssistantMessage, PromptEncoding, ToolCall
+from agl_bridge.proxy.bridge_stream import BridgeStreamWriter, compact_json
 from agl_bridge.proxy.request import ChatResult
-from agl_bridge.proxy.streaming import StreamDelta
 
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 """Anthropic's `stop_reason` for a chat `finish_reason` (any other: "end_turn")."""
-
-
-def _dumps(document: Mapping[str, Any]) -> str:
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
 
 
 def stop_of(message: AssistantMessage) -> dict[str, Any]:
@@ -56,14 +52,14 @@ def tool_input(arguments: str) -> Any:
         return arguments
 
 
-class AnthropicWriter:
+class AnthropicWriter(BridgeStreamWriter):
     """Writes the answer to one Anthropic Messages request: the whole message (`answer`) or its stream (`events`)."""
 
     def __init__(self, message_id: str, model: str, tool_names: Mapping[str, str]) -> None:
+        super().__init__()
         self._id = message_id
         self._model = model
         self._tool_names = tool_names
-        self._opening = ""
         self._blocks = 0
         """Content blocks started so far in the stream (the next one's index)."""
         self._prompt_tokens = 0
@@ -85,30 +81,18 @@ class AnthropicWriter:
 
     def answer(self, result: ChatResult) -> bytes:
         """The whole message answering a non-streamed request, as JSON."""
-        return _dumps(self.message(result)).encode()
+        return compact_json(self.message(result)).encode()
 
-    def events(self, item: PromptEncoding | StreamDelta | ChatResult) -> bytes:
-        """The stream events one item of `ChatService.stream` becomes (empty bytes: none to write yet)."""
-        if isinstance(item, PromptEncoding):  # held until the first event with output
-            self._prompt_tokens = len(item.token_ids)
-            usage = {
-                "input_tokens": self._prompt_tokens,
-                "output_tokens": 0,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
-            }
-            start = {"id": self._id, "type": "message", "role": "assistant", "model": self._model, "content": []}
-            self._opening = _event(
-                "message_start", message={**start, "stop_reason": None, "stop_sequence": None, "usage": usage}
-            )
-            return b""
-        if isinstance(item, StreamDelta):
-            return self._written(self._text_delta(item.text)) if item.index == 0 and item.text else b""
-        return self._written(self._closing(item))
-
-    def _written(self, events: str) -> bytes:
-        data, self._opening = self._opening + events, ""
-        return data.encode()
+    def _opening_events(self, encoding: PromptEncoding) -> str:
+        self._prompt_tokens = len(encoding.token_ids)
+        usage = {
+            "input_tokens": self._prompt_tokens,
+            "output_tokens": 0,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        }
+        start = {"id": self._id, "type": "message", "role": "assistant", "model": self._model, "content": []}
+        return _event("message_start", message={**start, "stop_reason": None, "stop_sequence": None, "usage": usage})
 
     def _text_delta(self, text: str) -> str:
         opened = "" if self._blocks else self._open_text()
@@ -144,4 +128,4 @@ class AnthropicWriter:
 
 
 def _event(kind: str, **fields: Any) -> str:
-    return f"event: {kind}\ndata: {_dumps({'type': kind, **fields})}\n\n"
+    return f"event: {kind}\ndata: {compact_json({'type': kind, **fields})}\n\n"

@@ -22,14 +22,13 @@ holding the same response a non-streamed request gets. Every event has its `sequ
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from agl_bridge.chat import AssistantMessage, PromptEncoding
+from agl_bridge.proxy.bridge_stream import BridgeStreamWriter, compact_json
 from agl_bridge.proxy.request import ChatResult
-from agl_bridge.proxy.streaming import StreamDelta
 
 ECHOED_FIELDS: dict[str, Any] = {
     "instructions": None,
@@ -49,10 +48,6 @@ ECHOED_FIELDS: dict[str, Any] = {
 }
 """The request's fields a response repeats, with what it says when the request left one out (every call is
 recorded, so `store` is true; the text is plain; nothing is truncated; several tool calls may come at once)."""
-
-
-def _dumps(document: Mapping[str, Any]) -> str:
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
@@ -97,13 +92,14 @@ def new_message_id() -> str:
     return f"msg_{uuid.uuid4().hex}"
 
 
-class ResponsesWriter:
+class ResponsesWriter(BridgeStreamWriter):
     """Writes the answer to one Responses request: the whole response (`answer`) or its stream (`events`).
 
     `request` is the request's optional fields (the writer repeats `ECHOED_FIELDS` of them).
     """
 
     def __init__(self, response_id: str, model: str, created_at: int, request: Mapping[str, Any]) -> None:
+        super().__init__()
         self._head: dict[str, Any] = {"id": response_id, "object": "response", "created_at": created_at}
         self._echoed: dict[str, Any] = {
             name: request[name] if request.get(name) is not None else default for name, default in ECHOED_FIELDS.items()
@@ -111,7 +107,6 @@ class ResponsesWriter:
         self._model = model
         self._message_id = new_message_id()
         self._sequence = 0
-        self._opening = ""
         self._text_open = False
 
     def document(self, message: AssistantMessage, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
@@ -128,31 +123,21 @@ class ResponsesWriter:
 
     def answer(self, result: ChatResult) -> bytes:
         """The whole response to a non-streamed request, as JSON."""
-        return _dumps(
+        return compact_json(
             self.document(result.choices[0].message, len(result.prompt_token_ids), result.completion_tokens)
         ).encode()
 
-    def events(self, item: PromptEncoding | StreamDelta | ChatResult) -> bytes:
-        """The stream events one item of `ChatService.stream` becomes (empty bytes: none to write yet)."""
-        if isinstance(item, PromptEncoding):  # held until the first event with output
-            in_progress = self._response("in_progress", [], None)
-            self._opening = self._event("response.created", response=in_progress) + self._event(
-                "response.in_progress", response=in_progress
-            )
-            return b""
-        if isinstance(item, StreamDelta):
-            return self._written(self._text_delta(item.text)) if item.index == 0 and item.text else b""
-        return self._written(self._closing(item))
-
     # ------------------------------------------------------------------ stream events
 
-    def _written(self, events: str) -> bytes:
-        data, self._opening = self._opening + events, ""
-        return data.encode()
+    def _opening_events(self, encoding: PromptEncoding) -> str:
+        in_progress = self._response("in_progress", [], None)
+        return self._event("response.created", response=in_progress) + self._event(
+            "response.in_progress", response=in_progress
+        )
 
     def _event(self, kind: str, **fields: Any) -> str:
         sequence, self._sequence = self._sequence, self._sequence + 1
-        return f"event: {kind}\ndata: {_dumps({'type': kind, 'sequence_number': sequence, **fields})}\n\n"
+        return f"event: {kind}\ndata: {compact_json({'type': kind, 'sequence_number': sequence, **fields})}\n\n"
 
     def _text_delta(self, text: str) -> str:
         opened = "" if self._text_open else self._open_text()
