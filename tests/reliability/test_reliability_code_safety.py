@@ -50,11 +50,13 @@ SQL_INTERPOLATIONS: dict[str, set[str]] = {
         "self._synchronous",
     },  # checked against SYNCHRONOUS_MODES in __init__
     "store/schema.py": {"VERSION_TABLE", "_ATTEMPTS_DDL"},
-    "store/rollout_rules.py": {"ROLLOUT_SELECT", "ATTEMPT_SELECT", "assignments"},  # assignments: fixed column names
+    # assignments: fixed column names; marks, listed: "?, ?, ..." placeholders, one per bound value
+    "store/rollout_rules.py": {"ROLLOUT_SELECT", "ATTEMPT_SELECT", "assignments", "marks", "listed"},
     "store/batched.py": {"ROLLOUT_SELECT", "ATTEMPT_SELECT", "self._creation_order"},
     "store/postgres_schema.py": {"VERSION_TABLE", "_ID"},
     # The PostgreSQL writer: record tables and column lists from sqlite_rows, `%b` array placeholders.
-    "store/postgres_writer.py": {"table", "op.table", "', '.join(columns)", "arrays", "placeholders"},
+    # ROLLOUT_LOCKS: the integer constant of the per-rollout advisory-lock space.
+    "store/postgres_writer.py": {"table", "op.table", "', '.join(columns)", "arrays", "placeholders", "ROLLOUT_LOCKS"},
     "store/postgres.py": {
         "ROLLOUT_SELECT",
         "ATTEMPT_SELECT",
