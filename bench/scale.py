@@ -66,8 +66,9 @@ import httpx
 
 from agl_bridge.models.tiny import build_tiny_model
 from agl_bridge.store import PostgresStore
+from agl_bridge.testing.agents import VARIED_REWARD_HELLO_AGENT
 from agl_bridge.testing.postgres import start_postgres
-from agl_bridge.testing.proxy_process import ProxyProcess, child_env, start_proxy, start_serve
+from agl_bridge.testing.proxy_process import ProxyProcess, child_env, start_proxy, start_remote_serve
 
 API_KEY = "sk-scale-bench"
 AGL_BRIDGE = str(Path(sys.executable).with_name("agl-bridge"))
@@ -406,19 +407,6 @@ def _throughput(
     }
 
 
-RUN_AGENT = """
-from agl_bridge import emit_reward
-
-
-def agent(task, endpoint):
-    client = endpoint.openai_client()
-    reply = client.chat.completions.create(
-        model=endpoint.model, messages=[{"role": "user", "content": f"Let's play a game. Say you are {task}."}],
-    )
-    text = reply.choices[0].message.content or ""
-    emit_reward(len(set(text)) / max(1, len(text)))
-"""
-
 _CHAT_SERVED = re.compile(r"POST /v1/chat/completions rollout=(\S+) attempt=(\S+) status=200")
 
 
@@ -426,21 +414,14 @@ def _run(dsn: str, folder: Path, steps: int, extra_proxies: int, runner: str) ->
     if runner == "ray" and importlib.util.find_spec("ray") is None:
         raise SystemExit('--part run with --runner ray needs Ray: pip install "agl-bridge[ray]" (or --runner local)')
     model_dir = build_tiny_model(folder / "tiny")
-    (folder / "agent.py").write_text(RUN_AGENT)
+    (folder / "agent.py").write_text(VARIED_REWARD_HELLO_AGENT)
     (folder / "tasks.jsonl").write_text("".join(f"{n}\n" for n in (7, 42, 100, 321, 5, 64, 900, 13)))
     sampler = start_proxy(folder / "sampler.sqlite", model_dir, sampler="tiny")
     extras: list[ProxyProcess] = []
     try:
         for index in range(extra_proxies):
             extras.append(
-                start_serve(
-                    model_dir,
-                    dsn,
-                    *("--sampler", "remote", "--sampler-url", sampler.base_url, "--sampler-model", "tiny"),
-                    *("--sampler-api-key", sampler.api_key),
-                    api_key=API_KEY,
-                    log_path=folder / f"extra-{index + 1}.log",
-                )
+                start_remote_serve(model_dir, dsn, sampler, api_key=API_KEY, log_path=folder / f"extra-{index + 1}.log")
             )
         config = {
             "agent": f"{folder / 'agent.py'}:agent",

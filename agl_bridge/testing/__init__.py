@@ -6,6 +6,7 @@
 - `fuzz`: hypothesis strategies of well- and ill-formed requests and the check of each answer
   (needs `hypothesis`, a dev dependency).
 - `checks`: the OpenAI error-shape check and a store file's integrity check.
+- `agents`: agent sources a test or benchmark writes into a run's folder.
 
 Nothing is imported here, so `import agl_bridge.testing.<module>` loads only what it needs.
 """

@@ -170,3 +170,14 @@ def start_serve(
         process.kill()
         process.wait(timeout=30)
         raise
+
+
+def start_remote_serve(
+    model_dir: Path, store: str | Path, sampler: ProxyProcess, *, api_key: str, log_path: Path
+) -> ProxyProcess:
+    """Start an `agl-bridge serve` on `store` that samples from `sampler` (a proxy serving the tiny model as
+    `tiny`): an extra proxy of a distributed run; the caller must `stop()` it."""
+    remote = ("--sampler", "remote", "--sampler-url", sampler.base_url, "--sampler-model", "tiny")
+    return start_serve(
+        model_dir, store, *remote, "--sampler-api-key", sampler.api_key, api_key=api_key, log_path=log_path
+    )

@@ -24,27 +24,12 @@ import pytest
 
 from agl_bridge.convert import ConvertOptions, convert_store
 from agl_bridge.store import PostgresStore
-from agl_bridge.testing.proxy_process import ProxyProcess, child_env, start_proxy, start_serve
+from agl_bridge.testing.agents import VARIED_REWARD_HELLO_AGENT
+from agl_bridge.testing.proxy_process import ProxyProcess, child_env, start_proxy, start_remote_serve
 from agl_bridge.types import AttemptStatus, RolloutOrigin
 
 pytest.importorskip("ray", reason="the distributed run needs Ray: pip install 'agl-bridge[ray]'")
 pytestmark = pytest.mark.slow
-
-
-# The hello agent's shape (plain OpenAI SDK + emit_reward) with a reward that varies on the random tiny
-# model, so every group has an advantage to train on (the hello game's reward is 0 until a warm start).
-AGENT = """
-from agl_bridge import emit_reward
-
-
-def agent(task, endpoint):
-    client = endpoint.openai_client()
-    reply = client.chat.completions.create(
-        model=endpoint.model, messages=[{"role": "user", "content": f"Let's play a game. Say you are {task}."}],
-    )
-    text = reply.choices[0].message.content or ""
-    emit_reward(len(set(text)) / max(1, len(text)))
-"""
 
 
 @pytest.fixture
@@ -62,13 +47,8 @@ def extra_proxy(
     sampler_server: ProxyProcess, postgres_dsn: str, tiny_model_dir: Path, tmp_path: Path
 ) -> Iterator[ProxyProcess]:
     """A proxy of its own on the run's store, sampling from the same server (its access log: extra.log)."""
-    server = start_serve(
-        tiny_model_dir,
-        postgres_dsn,
-        *("--sampler", "remote", "--sampler-url", sampler_server.base_url, "--sampler-model", "tiny"),
-        *("--sampler-api-key", sampler_server.api_key),
-        api_key="sk-extra-proxy",
-        log_path=tmp_path / "extra.log",
+    server = start_remote_serve(
+        tiny_model_dir, postgres_dsn, sampler_server, api_key="sk-extra-proxy", log_path=tmp_path / "extra.log"
     )
     try:
         yield server
@@ -79,7 +59,7 @@ def extra_proxy(
 async def test_hello_grpo_on_ray_over_two_proxies_with_a_remote_sampler_and_a_postgresql_store(
     sampler_server: ProxyProcess, extra_proxy: ProxyProcess, postgres_dsn: str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "agent.py").write_text(VARIED_REWARD_HELLO_AGENT)
     (tmp_path / "tasks.jsonl").write_text("".join(f"{n}\n" for n in (7, 42, 100, 321)))
     config = {
         "agent": f"{tmp_path / 'agent.py'}:agent",
