@@ -126,7 +126,12 @@ class _Child:
 
     def _call(self, cid: int, name: str, args: list[Any], tensor_frames: int) -> None:
         tensors = [read_tensors(self.connection) for _ in range(tensor_frames)]
-        arguments = [tensors[arg["tensors"]] if isinstance(arg, dict) and "tensors" in arg else arg for arg in args]
+        arguments = [
+            {name: tensors[arg["tensors"]][name] for name in arg["names"]}
+            if isinstance(arg, dict) and "tensors" in arg
+            else arg
+            for arg in args
+        ]
         if name not in CALLS:
             self.outbox.put([RAISED, cid, encode_error(ValueError(f"the sampler process has no call {name!r}"))])
             return

@@ -305,12 +305,16 @@ class HFProcessSampler:
                     pass  # the reader notices the child is gone
 
     def _call(self, name: str, *args: Any) -> concurrent.futures.Future[Any]:
-        """Ask the child to run `name`; a state dict among `args` travels as a tensor frame of its own."""
+        """Ask the child to run `name`; a state dict among `args` travels as a tensor frame of its own.
+
+        The frame's names go along in the caller's order, which safetensors does not keep: where two
+        names share one weight (tied embeddings) the last one copied wins, as in `HFSampler`.
+        """
         frames = [tensor_frame(arg) for arg in args if isinstance(arg, Mapping)]
         wired, index = [], 0
         for arg in args:
             if isinstance(arg, Mapping):
-                wired.append({"tensors": index})
+                wired.append({"tensors": index, "names": list(arg)})
                 index += 1
             else:
                 wired.append(arg)
