@@ -7,4 +7,4 @@ bash scripts/setup.sh dev,postgres,ray  # store tests on PostgreSQL too (a throw
 bash scripts/lint.sh
 export LITELLM_LOCAL_MODEL_COST_MAP=True HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export CREWAI_DISABLE_TELEMETRY=true CREWAI_DISABLE_TRACKING=true CREWAI_TRACING_ENABLED=false CREWAI_TESTING=true
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q --durations=40 "$@"

@@ -4,7 +4,8 @@ It never imports agl_bridge. For each rollout it names the task (`POST .../start
 agent talk to the model through the per-rollout base URL with the `openai` client, reports the
 reward (`POST .../reward`) and finishes the rollout (`POST .../finish`). Every round it runs
 `--batch-size` training numbers × `--group-size` rollouts (one GRPO group per number), and every
-`--eval-every` rounds the held-out numbers once each, marked `eval` (never trained).
+`--eval-every` rounds the held-out numbers `--eval-group-size` times each, marked `eval` (never trained). The training
+numbers are the demo's RL half, short numbers weighted as there (examples/hello_qwen/agent.py).
 
     python examples/external_harness/harness.py --endpoint-file runs/follow/endpoint.json
     python examples/external_harness/harness.py --base-url http://127.0.0.1:4000 --api-key KEY
@@ -30,7 +31,7 @@ import openai
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hello_qwen"))
 
 # The game's rules and the demo's split of the numbers (agent.py imports agl_bridge only inside the agent).
-from agent import prompt_for, reward_for, split_numbers
+from agent import prompt_for, reward_for, split_numbers, split_warm_start_and_rl, with_short_numbers_weighted
 
 
 class Harness:
@@ -91,6 +92,15 @@ class Harness:
             return False
 
 
+def distinct_picks(rng: random.Random, mix: list[int], count: int) -> list[int]:
+    """`count` different numbers drawn from `mix` (where a number may repeat, to weigh it): one group each."""
+    picked: list[int] = []
+    while len(picked) < count:
+        if (number := rng.choice(mix)) not in picked:
+            picked.append(number)
+    return picked
+
+
 def endpoint_of(args: argparse.Namespace) -> tuple[str, str]:
     """The proxy's base URL and key: from the flags, or the follow trainer's endpoint file once it appears."""
     if args.base_url:
@@ -112,9 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-key", default="", help="the proxy's key (with --base-url)")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--rounds", type=int, default=0, help="rounds to run (0: until the server goes away)")
-    parser.add_argument("--batch-size", type=int, default=8, help="training numbers per round")
+    parser.add_argument("--batch-size", type=int, default=16, help="training numbers per round")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per number (one GRPO group)")
     parser.add_argument("--eval-every", type=int, default=10, help="rounds between held-out evaluations (0: none)")
+    parser.add_argument(
+        "--eval-group-size", type=int, default=4, help="rollouts per held-out number: 4 halves the noise of 1"
+    )
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
@@ -124,14 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     base_url, api_key = endpoint_of(args)
     harness = Harness(base_url, api_key, model=args.model, max_tokens=args.max_tokens, concurrency=args.concurrency)
     train_numbers, _, held_out = split_numbers()
+    training_mix = with_short_numbers_weighted(split_warm_start_and_rl(train_numbers)[1])
     rng = random.Random(args.seed)
     round_number = 0
     try:
         while args.rounds == 0 or round_number < args.rounds:
             if args.eval_every and round_number % args.eval_every == 0:
-                rewards = harness.batch(held_out, 1, f"e{round_number}", is_eval=True)
+                rewards = harness.batch(held_out, args.eval_group_size, f"e{round_number}", is_eval=True)
                 print(f"round {round_number}: held-out reward {sum(rewards) / len(rewards):+.3f}", flush=True)
-            rewards = harness.batch(rng.sample(train_numbers, args.batch_size), args.group_size, f"r{round_number}")
+            rewards = harness.batch(
+                distinct_picks(rng, training_mix, args.batch_size), args.group_size, f"r{round_number}"
+            )
             print(f"round {round_number}: training reward {sum(rewards) / len(rewards):+.3f}", flush=True)
             round_number += 1
     except Exception as error:

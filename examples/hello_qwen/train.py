@@ -12,44 +12,15 @@ policy generalising ("Say you are 731" → "I'm 731"), not memorising.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent import hello_agent, prompt_for, split_numbers
+from agent import hello_agent, prompt_for, split_numbers, split_warm_start_and_rl, with_short_numbers_weighted
 
 from agl_bridge.train.config import GRPOConfig, WarmStartConfig
 from agl_bridge.train.grpo import GRPOTrainer, RunSummary
-
-# 1- and 2-digit numbers are a tenth of 0–999. While 3-digit groups dominate each step, GRPO teaches "three
-# digits, then stop", the short numbers get a third digit ("I'm 444" for 44, reward -1), and a reply that
-# claims nothing ("I...", reward 0) beats that within their groups; once a whole group hedges its returns
-# are equal, the group is dropped, and RL never brings it back. The held-out numbers' short eighth then
-# caps the end value near 0.8. Six times as often (two fifths of the training mix), they hold their own.
-SHORT_NUMBER_WEIGHT = 6
-WARM_START_SPLIT_SEED = 7
-
-
-def with_short_numbers_weighted(numbers: list[int]) -> list[int]:
-    """`numbers` with each 1- or 2-digit number repeated SHORT_NUMBER_WEIGHT times: the training mix."""
-    return [n for n in numbers for _ in range(SHORT_NUMBER_WEIGHT if n < 100 else 1)]
-
-
-def split_warm_start_and_rl(numbers: list[int]) -> tuple[list[int], list[int]]:
-    """(warm-start numbers, RL numbers): halves of the training numbers, fixed whatever the run's seed.
-
-    The warm start all but memorises its numbers ("I'm 412" for 412) without learning to copy a number it
-    never saw (the held-out reward after it stays near 0). RL on those same numbers then finds most groups
-    already right, with equal returns and nothing to teach; on numbers the warm start never saw, every
-    group is a test of copying, which is what the held-out numbers measure. Two seeds that ended at
-    0.79 and 0.85 with one shared set ended at 0.82 and 0.96 with the halves.
-    """
-    shuffled = sorted(numbers)
-    random.Random(WARM_START_SPLIT_SEED).shuffle(shuffled)
-    half = len(shuffled) // 2
-    return shuffled[:half], shuffled[half:]
 
 
 def build_config(args: argparse.Namespace) -> GRPOConfig:

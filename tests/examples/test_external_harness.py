@@ -63,7 +63,7 @@ def cpu_seconds(pid: int) -> float:
 def test_the_follow_trainer_learns_the_hello_game_from_an_outside_harness(tmp_path: Path) -> None:
     """(a) The hello agent in its own process, plain openai + HTTP; the follow trainer serves and learns."""
     run_dir = tmp_path / "follow"
-    steps = 40
+    steps = 60  # as the demo: the held-out reward rises by 0.3 in 20-60 steps
     trainer_log, harness_log = tmp_path / "trainer.log", tmp_path / "harness.log"
     trainer = start(
         [sys.executable, str(EXAMPLE / "train_follow.py"), "--run-dir", str(run_dir), "--port", "0",
@@ -89,7 +89,7 @@ def test_the_follow_trainer_learns_the_hello_game_from_an_outside_harness(tmp_pa
     train = [r for r in records if r["phase"] == "train"]
     evals = [r["eval_reward"] for r in records if r["phase"] == "eval"]
     assert [r["step"] for r in train] == list(range(1, steps + 1))
-    assert all(r["follow"] and r["rollouts"] == 64 and r["staleness_max"] is not None for r in train if r["datums"])
+    assert all(r["follow"] and r["rollouts"] == 16 * 8 and r["staleness_max"] is not None for r in train if r["datums"])
     assert all(r["staleness_max"] <= 2 for r in train if r["staleness_max"] is not None)  # the config's max_staleness
     assert len(evals) >= 3, evals  # at the start, then every 10 rounds of the harness
     assert max(evals[1:]) >= evals[0] + 0.3, f"held-out reward did not rise: {evals}"

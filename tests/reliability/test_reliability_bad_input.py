@@ -68,8 +68,9 @@ def test_generated_requests_get_no_5xx_and_only_openai_errors(proxy_server: Any,
     assert client.get("/health/liveliness").status_code == 200
 
 
-PER_ROUTE = 1000
-"""Generated bodies per route of the protocols issue 16 added or changed (the issue's bound: no 5xx in 1,000)."""
+PER_ROUTE = 300
+"""Generated bodies per route of the protocols issue 16 added or changed; the issue's 1,000 per route (no
+5xx) is measured by `bench/reliability_fuzz.py --per-route 1000`, which prints each route's statuses."""
 
 
 @pytest.mark.slow
