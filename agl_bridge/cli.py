@@ -28,6 +28,7 @@ from agl_bridge.export import EXPORTERS, ExportWhat
 from agl_bridge.export_files import ExportCounts, ExportFormat, ExportOutputError
 from agl_bridge.models.families import FAMILIES
 from agl_bridge.models.tiny import InvalidTinySpecError, TinyModelSpec, build_tiny
+from agl_bridge.quick_exit import skip_final_collection
 from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError
 from agl_bridge.store.errors import RolloutNotFoundError, StoreError, StoreSchemaError
 from agl_bridge.store.export import NoStoreError, open_existing_store
@@ -49,6 +50,7 @@ app = typer.Typer(
 def main() -> None:
     """Turn agent code into exact-token RL training data and train on it with GRPO."""
     # A callback keeps `agl-bridge <command>` a command group even while it has only one command.
+    skip_final_collection()
 
 
 @app.command("tiny-model")

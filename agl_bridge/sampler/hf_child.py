@@ -22,6 +22,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from agl_bridge.quick_exit import skip_final_collection
 from agl_bridge.sampler.hf_wire import (
     CALL,
     CALLS,
@@ -206,6 +207,7 @@ def _build(options: ChildOptions) -> tuple[Any, SamplerInfo]:
 def main(argv: list[str]) -> int:
     """Serve a sampler on the socket whose descriptor is argv[0] (see the module docs)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    skip_final_collection()
     connection = Connection(int(argv[0]))
     try:
         ((kind, options),) = read_frame(connection)
