@@ -51,8 +51,14 @@ class BestAdapter:
     def offer(
         self, client: TrainingClient, *, step: int, validation_reward: float | None, held_out_reward: float | None
     ) -> bool:
-        """Keep the client's adapter if its validation reward beats the kept one's (ties keep the earlier)."""
-        if validation_reward is None or (self.kept is not None and validation_reward <= self.kept.validation_reward):
+        """Keep the client's adapter if its validation reward is at least the kept one's.
+
+        A tie keeps the later adapter: it trained longer, at a smaller learning rate late in a decaying
+        schedule. Validation rewards are means of few values (160 rollouts of -1, 0, +1 in the demo),
+        so late adapters tie often; one demo run kept step 140 over step 200 at 0.787 each, with
+        held-out rewards 0.775 and 0.850.
+        """
+        if validation_reward is None or (self.kept is not None and validation_reward < self.kept.validation_reward):
             return False
         facts = self.path / _FACTS
         facts.unlink(missing_ok=True)  # no facts while the state is rewritten: a kill here leaves no stale pairing

@@ -28,22 +28,23 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_the_best_validation_reward_is_kept_and_restored_ties_keep_the_earlier(make_client, tmp_path: Path) -> None:
+def test_the_best_validation_reward_is_kept_and_restored_ties_keep_the_later(make_client, tmp_path: Path) -> None:
     client = make_client()
     best = BestAdapter(tmp_path, resume=False)
     assert best.offer(client, step=0, validation_reward=None, held_out_reward=0.1) is False  # no reward: no candidate
     assert best.offer(client, step=0, validation_reward=0.2, held_out_reward=0.1)
     _train_one_step(client)
     assert best.offer(client, step=10, validation_reward=0.5, held_out_reward=0.4)
-    at_step_10 = _adapter(client)
     _train_one_step(client)
-    assert best.offer(client, step=20, validation_reward=0.5, held_out_reward=0.9) is False  # a tie
+    assert best.offer(client, step=20, validation_reward=0.5, held_out_reward=0.9)  # a tie: the later is kept
+    at_step_20 = _adapter(client)
+    _train_one_step(client)
     assert best.offer(client, step=30, validation_reward=0.3, held_out_reward=0.9) is False
-    assert not _same(_adapter(client), at_step_10)
+    assert not _same(_adapter(client), at_step_20)
 
     kept = best.restore(client)
-    assert kept == KeptAdapter(step=10, validation_reward=0.5, held_out_reward=0.4)
-    assert _same(_adapter(client), at_step_10)
+    assert kept == KeptAdapter(step=20, validation_reward=0.5, held_out_reward=0.9)
+    assert _same(_adapter(client), at_step_20)
 
 
 def test_a_resumed_run_keeps_its_best_and_a_fresh_run_forgets_an_old_one(make_client, tmp_path: Path) -> None:
