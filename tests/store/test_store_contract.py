@@ -148,14 +148,22 @@ async def test_a_reported_reward_needs_a_live_attempt(backend: Store) -> None:
         await backend.report_reward(Reward(value=1.0))
 
 
+def _idle_s_between(older: float, newer: float) -> float:
+    """An idle timeout whose cutoff, from now, falls midway between two moments: activity before `older` is
+    idle, activity after `newer` is not, however long the writes in between took on a busy machine."""
+    return time.time() - (older + newer) / 2
+
+
 async def test_idle_external_rollouts_time_out_and_active_or_runner_ones_do_not(backend: Store) -> None:
     await backend.register_attempt("idle", "0")
     await backend.add_llm_call(call("records-only", None))  # a rollout with no attempt at all
     runner = await backend.create_rollout({}, rollout_id="runner")
     await backend.start_attempt(runner.rollout_id)
-    await asyncio.sleep(0.3)
+    old_activity_ended = time.time()
+    await asyncio.sleep(0.5)
+    busy_started = time.time()
     await backend.register_attempt("busy", "0")
-    expired = await backend.expire_idle_rollouts(0.2)
+    expired = await backend.expire_idle_rollouts(_idle_s_between(old_activity_ended, busy_started))
     assert sorted(expired, key=str) == [("idle", "0"), ("records-only", None)]
     idle = await backend.get_attempt("0", "idle")
     assert idle is not None and idle.status is AttemptStatus.TIMED_OUT and "idle timeout" in (idle.error or "")
@@ -166,8 +174,11 @@ async def test_idle_external_rollouts_time_out_and_active_or_runner_ones_do_not(
         "runner": RolloutStatus.RUNNING,
         "busy": RolloutStatus.RUNNING,
     }
-    await backend.add_llm_call(call("busy", "0"))  # activity keeps it alive
-    assert await backend.expire_idle_rollouts(0.2) == []
+    busy_registered = time.time()
+    await asyncio.sleep(0.5)
+    activity = time.time()
+    await backend.add_llm_call(call("busy", "0"))  # activity keeps it alive, though it was registered long ago
+    assert await backend.expire_idle_rollouts(_idle_s_between(busy_registered, activity)) == []
     with pytest.raises(ValueError, match="idle_s"):
         await backend.expire_idle_rollouts(0)
 
