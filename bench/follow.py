@@ -187,7 +187,7 @@ def run_mode(mode: str, run_dir: str, args: argparse.Namespace) -> dict[str, Any
     from agl_bridge.train.grpo import GRPOTrainer
 
     train_numbers, _, _ = split_numbers()
-    pairs = [(prompt_for(n), f"I'm {n}.") for n in train_numbers]  # the demo's warm start: rewards then vary
+    pairs = [(prompt_for(n), f"I'm {n}.") for n in train_numbers]  # a warm start on every number: rewards then vary
     if mode == "online":
         config = _config("online", run_dir, args)
         GRPOTrainer(config, agent=hello_agent, tasks=train_numbers, warm_start_pairs=pairs).run()

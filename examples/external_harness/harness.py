@@ -4,8 +4,9 @@ It never imports agl_bridge. For each rollout it names the task (`POST .../start
 agent talk to the model through the per-rollout base URL with the `openai` client, reports the
 reward (`POST .../reward`) and finishes the rollout (`POST .../finish`). Every round it runs
 `--batch-size` training numbers × `--group-size` rollouts (one GRPO group per number), and every
-`--eval-every` rounds the held-out numbers `--eval-group-size` times each, marked `eval` (never trained). The training
-numbers are the demo's RL half, short numbers weighted as there (examples/hello_qwen/agent.py).
+`--eval-every` rounds the held-out numbers `--eval-group-size` times each, marked `eval` (never
+trained). The training numbers are the demo's RL half, short numbers weighted as there
+(examples/hello_qwen/agent.py).
 
     python examples/external_harness/harness.py --endpoint-file runs/follow/endpoint.json
     python examples/external_harness/harness.py --base-url http://127.0.0.1:4000 --api-key KEY

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hello_qwen"))
 
-from agent import prompt_for, split_numbers, split_warm_start_and_rl, with_short_numbers_weighted
+from agent import split_numbers, split_warm_start_and_rl, warm_start_pairs
 from train import build_config as demo_config  # examples/hello_qwen/train.py: the demo's settings
 
 from agl_bridge.train.config import FollowConfig, GRPOConfig
@@ -67,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.quick = False  # the demo's --quick shrinks its runner settings; the harness sets the pace here
     warm_numbers, _ = split_warm_start_and_rl(split_numbers()[0])
-    pairs = [(prompt_for(n), f"I'm {n}.") for n in with_short_numbers_weighted(warm_numbers)]
-    summary = GRPOTrainer(build_config(args), warm_start_pairs=pairs).run(resume=args.resume)
+    summary = GRPOTrainer(build_config(args), warm_start_pairs=warm_start_pairs(warm_numbers)).run(resume=args.resume)
     print(
         f"follow run: {summary.steps} steps in {summary.wall_time_s / 60:.1f} min; held-out reward "
         f"{summary.eval_start} → {summary.eval_end}; metrics in {summary.run_dir / 'metrics.jsonl'}"

@@ -56,6 +56,11 @@ def split_warm_start_and_rl(numbers: list[int]) -> tuple[list[int], list[int]]:
     return shuffled[:half], shuffled[half:]
 
 
+def warm_start_pairs(numbers: list[int]) -> list[tuple[str, str]]:
+    """(prompt, the reply that wins) for each number of the warm start's half, weighted as the training mix."""
+    return [(prompt_for(n), f"I'm {n}.") for n in with_short_numbers_weighted(numbers)]
+
+
 _CLAIM = re.compile(r"\bi(?:'m| am)\s+(not\s+)?([^\s.,!?;:]+)", re.IGNORECASE)
 
 

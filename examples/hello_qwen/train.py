@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent import hello_agent, prompt_for, split_numbers, split_warm_start_and_rl, with_short_numbers_weighted
+from agent import hello_agent, split_numbers, split_warm_start_and_rl, warm_start_pairs, with_short_numbers_weighted
 
 from agl_bridge.train.config import GRPOConfig, WarmStartConfig
 from agl_bridge.train.grpo import GRPOTrainer, RunSummary
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> RunSummary:
         tasks=with_short_numbers_weighted(rl_numbers),
         eval_tasks=held_out,
         validation_tasks=validation,
-        warm_start_pairs=[(prompt_for(n), f"I'm {n}.") for n in with_short_numbers_weighted(warm_numbers)],
+        warm_start_pairs=warm_start_pairs(warm_numbers),
     )
     summary = trainer.run(resume=args.resume)
     print_summary(summary, args.seed)
