@@ -1,10 +1,11 @@
 """A recording reverse proxy between an agent and `agl-bridge serve`: what the agent sent and what it got back.
 
-The server logs nothing per request (an access log is another part of issue 16), so the agent tests
-put this tap in front of it: every exchange's method, path, status and request body is kept, which
-is how a test knows the agent reached the proxy, that no well-formed request got a 4xx/5xx, and
-which fields each agent sends. Bodies pass through byte for byte and responses are streamed chunk
-by chunk, so streaming agents see the server's own timing.
+The server's access log says nothing of request bodies or of when an agent hung up, so the agent
+tests put this tap in front of it: every exchange's method, path, status and request body is kept,
+which is how a test knows the agent reached the proxy, that no well-formed request got a 4xx/5xx,
+which fields each agent sends, and which streams the agent left before their end. Bodies pass
+through byte for byte and responses are streamed chunk by chunk, so streaming agents see the
+server's own timing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from aiohttp import web
 
 # How a stream reports an error after its 200: Anthropic's `event: error`, OpenAI's `data: {"error": ...}`.
 _STREAM_ERRORS = (b"event: error", b'data: {"error"')
+# How each protocol's stream ends: Chat Completions and Completions `[DONE]`, Responses' last events, Anthropic's.
+_STREAM_ENDS = (b"data: [DONE]", b"response.completed", b"response.incomplete", b"response.failed", b"message_stop")
 # Hop-by-hop and length headers: aiohttp sets them again for each leg.
 _REQUEST_DROP = {"host", "content-length", "transfer-encoding", "connection", "accept-encoding"}
 _RESPONSE_DROP = {"content-length", "transfer-encoding", "connection"}
@@ -38,6 +41,7 @@ class Exchange:
     request_body: bytes
     response_head: bytes  # the first bytes of the response body (error messages, the first stream events)
     stream_error: bool = False  # a 2xx stream that carried an error event (how a streamed request fails)
+    abandoned: bool = False  # the agent hung up before the stream's end event: the proxy cancels, records nothing
 
     def request_json(self) -> dict[str, Any]:
         """The request body as JSON ({} when it is empty or not JSON)."""
@@ -87,7 +91,7 @@ class HttpTap:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _REQUEST_DROP}
         session = request.app[_SESSION]
         head = b""
-        stream_error = False
+        stream_error = ended = left = False
         carry = b""  # the end of the previous chunk, so a marker split across two chunks is still seen
         async with session.request(
             request.method, self.upstream + request.rel_url.path_qs, headers=headers, data=body, allow_redirects=False
@@ -96,22 +100,24 @@ class HttpTap:
             for key, value in upstream.headers.items():
                 if key.lower() not in _RESPONSE_DROP:
                     response.headers.add(key, value)
+            streamed = upstream.content_type == "text/event-stream"
             await response.prepare(request)
             try:
                 async for chunk in upstream.content.iter_any():
                     if len(head) < 4096:
                         head += chunk[: 4096 - len(head)]
                     stream_error = stream_error or any(marker in carry + chunk for marker in _STREAM_ERRORS)
+                    ended = ended or any(marker in carry + chunk for marker in _STREAM_ENDS)
                     carry = chunk[-32:]
                     await response.write(chunk)
                 await response.write_eof()
             except ConnectionResetError:
-                pass  # the agent hung up once it had what it needed (Codex does after `response.completed`)
-            finally:
-                with self._lock:
-                    self.exchanges.append(
-                        Exchange(request.method, request.path, upstream.status, body, head, stream_error)
-                    )
+                left = True  # Codex hangs up once it has `response.completed`; opencode leaves its title call
+        abandoned = left and streamed and not ended
+        with self._lock:
+            self.exchanges.append(
+                Exchange(request.method, request.path, upstream.status, body, head, stream_error, abandoned)
+            )
         return response
 
     @contextmanager

@@ -88,8 +88,13 @@ def test_refused_or_stray_requests_fail() -> None:
 def test_a_lost_record_or_misaligned_logprobs_fail() -> None:
     call = _call(0, [1, 2], [3, 4])
     check_recorded([call], [_exchange()], "ro-1", "at-1")
-    with pytest.raises(AssertionError, match="2 model requests were answered but 1"):
+    with pytest.raises(AssertionError, match=r"2 model requests were answered \(0 streams left .*\) but 1"):
         check_recorded([call], [_exchange(), _exchange()], "ro-1", "at-1")
+    left = Exchange("POST", PREFIX + "v1/chat/completions", 200, b"{}", b"data: {}", abandoned=True)
+    check_recorded([call], [_exchange(), left], "ro-1", "at-1")  # cancelled before its sample ended
+    check_recorded([call, _call(1, [1, 5], [6])], [_exchange(), left], "ro-1", "at-1")  # ended before the hang-up
+    with pytest.raises(AssertionError, match="but 0 are recorded"):
+        check_recorded([], [_exchange(), left], "ro-1", "at-1")
     misaligned = _call(0, [1, 2], [3, 4])
     misaligned.response_logprobs.pop()
     with pytest.raises(AssertionError):
