@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from agl_bridge import semconv
 from agl_bridge.proxy.errors import api_error, error_body
-from agl_bridge.proxy.request import RequestError, RolloutRoute, flag_field, route_of_headers
+from agl_bridge.proxy.request import RequestError, RolloutRoute, flag_field, or_default, route_of_headers
 from agl_bridge.proxy.service import ChatService, refuse_unhonoured
 from agl_bridge.proxy.sse import SSE_DONE, SSE_HEADERS, sse_data, stream_options
 from agl_bridge.sampler.base import (
@@ -360,10 +360,10 @@ def _params(service: ChatService, body: dict[str, Any]) -> SamplingParams:
         raise RequestError("stop_token_ids must be a list of integers", "stop_token_ids")
     eos = [] if flag_field(body, "ignore_eos") else list(service.codec.stop_token_ids)
     params = SamplingParams(
-        max_tokens=body.get("max_tokens", DEFAULT_MAX_TOKENS),
-        temperature=body.get("temperature", 1.0),
-        top_p=body.get("top_p", 1.0),
-        top_k=body.get("top_k", -1),
+        max_tokens=or_default(body, "max_tokens", DEFAULT_MAX_TOKENS),  # null is the default, not "up to the window"
+        temperature=or_default(body, "temperature", 1.0),
+        top_p=or_default(body, "top_p", 1.0),
+        top_k=or_default(body, "top_k", -1),
         stop=[*eos, *stop_ids, *stop],
         seed=body.get("seed"),
     )

@@ -35,6 +35,12 @@ class RequestError(ValueError):
         self.status = status
 
 
+def or_default(body: Mapping[str, Any], name: str, default: object) -> Any:
+    """The field's value, or `default` when it is absent or null (OpenAI's spec makes every sampling field nullable)."""
+    value = body.get(name)
+    return default if value is None else value
+
+
 def flag_field(body: Mapping[str, Any], name: str) -> bool:
     """A true/false request field (absent or null: false); a `RequestError` naming it for any other value.
 

@@ -25,7 +25,15 @@ from agl_bridge.chat import (
     normalize_tools,
 )
 from agl_bridge.proxy.recording import CallRecorder
-from agl_bridge.proxy.request import ChatRequest, ChatResult, ChoiceResult, RequestError, RolloutRoute, flag_field
+from agl_bridge.proxy.request import (
+    ChatRequest,
+    ChatResult,
+    ChoiceResult,
+    RequestError,
+    RolloutRoute,
+    flag_field,
+    or_default,
+)
 from agl_bridge.proxy.streaming import ChoiceStreamer, StreamDelta
 from agl_bridge.proxy.token_history import StoreTokenHistory, recorded
 from agl_bridge.sampler.base import (
@@ -116,14 +124,14 @@ class ChatService:
                 '{"type": "function", "function": {"name": ...}}, got ' + repr(tool_choice),
                 "tool_choice",
             )
-        n = _int_field("n", _or_default(body, "n", 1), minimum=1)
+        n = _int_field("n", or_default(body, "n", 1), minimum=1)
         if n > self.max_samples_per_request:
             raise RequestError(f"n must be at most {self.max_samples_per_request}, got {n}", "n")
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         max_tokens = self.default_max_tokens if max_tokens is None else _int_field("max_tokens", max_tokens, minimum=1)
         stop_strings = _stop_strings(body.get("stop"))
         logprobs = flag_field(body, "logprobs")
-        top_logprobs = _int_field("top_logprobs", _or_default(body, "top_logprobs", 0), minimum=0)
+        top_logprobs = _int_field("top_logprobs", or_default(body, "top_logprobs", 0), minimum=0)
         if top_logprobs > MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {top_logprobs}", "top_logprobs")
         if top_logprobs and not logprobs:
@@ -138,7 +146,7 @@ class ChatService:
             max_tokens=max_tokens,
             temperature=_number_field(body, "temperature", 1.0),
             top_p=_number_field(body, "top_p", 1.0),
-            top_k=_int_field("top_k", _or_default(body, "top_k", -1), minimum=-1),
+            top_k=_int_field("top_k", or_default(body, "top_k", -1), minimum=-1),
             stop=[*self.codec.stop_token_ids, *stop_strings],
             seed=body.get("seed"),
         )
@@ -372,12 +380,6 @@ def _is_named_tool_choice(value: object) -> bool:
         and isinstance(value.get("function"), dict)
         and isinstance(value["function"].get("name"), str)
     )
-
-
-def _or_default(body: Mapping[str, Any], name: str, default: object) -> object:
-    """The field's value, or `default` when it is absent or null (as OpenAI clients send it)."""
-    value = body.get(name)
-    return default if value is None else value
 
 
 def _int_field(name: str, value: object, *, minimum: int) -> int:

@@ -99,6 +99,17 @@ def test_stop_token_ids_and_ignore_eos_reach_the_sampler(proxy_server: Any) -> N
     assert params.stop == [99] and params.top_k == 5 and params.max_tokens == 5
 
 
+def test_null_sampling_fields_take_the_endpoints_defaults(proxy_server: Any) -> None:
+    # OpenAI's spec: max_tokens "integer or null, defaults to 16". A null read as "up to the window" sampled
+    # 65k tokens of the tiny model's context: minutes, where the client asked for the default.
+    prompt = [21, 22, 23]
+    nulls = {"max_tokens": None, "temperature": None, "top_p": None, "top_k": None}
+    response = _post(proxy_server, {"model": MODEL, "prompt": prompt, **nulls})
+    assert response.status_code == 200, response.text
+    params = proxy_server.sampler.served_for(prompt)[-1][2]
+    assert (params.max_tokens, params.temperature, params.top_p, params.top_k) == (16, 1.0, 1.0, -1)
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
