@@ -113,11 +113,12 @@ class HttpTap:
                 await response.write_eof()
             except ConnectionResetError:
                 left = True  # Codex hangs up once it has `response.completed`; opencode leaves its title call
-        abandoned = left and streamed and not ended
-        with self._lock:
-            self.exchanges.append(
-                Exchange(request.method, request.path, upstream.status, body, head, stream_error, abandoned)
-            )
+            finally:
+                abandoned = left and streamed and not ended
+                with self._lock:
+                    self.exchanges.append(
+                        Exchange(request.method, request.path, upstream.status, body, head, stream_error, abandoned)
+                    )
         return response
 
     @contextmanager
