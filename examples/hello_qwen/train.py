@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> RunSummary:
     parser.add_argument("--model", default="tiny", help="tiny (built offline), a local model directory, or a hub id")
     parser.add_argument("--run-dir", default="runs/hello")
     parser.add_argument("--steps", type=int, default=None, help="RL steps (default 200, 3 with --quick)")
-    # 2e-3, not 3e-3: at 3e-3 a run's token entropy could blow up near the peak (0.3 -> 2.2 in five steps),
+    # 2e-3, not 3e-3: at 3e-3 a run's token entropy could blow up near the peak (0.5 -> 1.8 in five steps),
     # its replies turn to noise that claims nothing (0 beats a wrong number's -1), whole groups tie and RL
     # stops: one seed-0 run ended at +0.08. Five runs at 3e-3 peaked at entropy 0.6-2.2, two at 2e-3 at 0.46.
     parser.add_argument("--learning-rate", type=float, default=2e-3)
