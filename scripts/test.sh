@@ -9,5 +9,5 @@ export LITELLM_LOCAL_MODEL_COST_MAP=True HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export CREWAI_DISABLE_TELEMETRY=true CREWAI_DISABLE_TRACKING=true CREWAI_TRACING_ENABLED=false CREWAI_TESTING=true
 # Two workers, a test file each at a time (module fixtures start their servers once): most tests spend
 # their time on one core (process starts, imports, one event loop), so one worker left the other core
-# idle — 45 min of pytest in CI, 27 min with two here. AGL_TEST_WORKERS=0 runs in this process.
+# idle — 45 min of pytest in CI, 23 min with two in a fresh clone here. AGL_TEST_WORKERS=0 runs in this process.
 exec .venv/bin/python -m pytest -q -n "${AGL_TEST_WORKERS:-2}" --dist loadfile --durations=40 "$@"

@@ -106,8 +106,9 @@ class HttpTap:
                 async for chunk in upstream.content.iter_any():
                     if len(head) < 4096:
                         head += chunk[: 4096 - len(head)]
-                    stream_error = stream_error or any(marker in carry + chunk for marker in _STREAM_ERRORS)
-                    ended = ended or any(marker in carry + chunk for marker in _STREAM_ENDS)
+                    window = carry + chunk
+                    stream_error = stream_error or any(marker in window for marker in _STREAM_ERRORS)
+                    ended = ended or any(marker in window for marker in _STREAM_ENDS)
                     carry = chunk[-32:]
                     await response.write(chunk)
                 await response.write_eof()
