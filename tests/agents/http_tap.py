@@ -92,7 +92,7 @@ class HttpTap:
         session = request.app[_SESSION]
         head = b""
         stream_error = ended = left = False
-        carry = b""  # the end of the previous chunk, so a marker split across two chunks is still seen
+        carry = b""  # the stream's last bytes so far, so a marker split across chunks is still seen
         async with session.request(
             request.method, self.upstream + request.rel_url.path_qs, headers=headers, data=body, allow_redirects=False
         ) as upstream:
@@ -109,7 +109,7 @@ class HttpTap:
                     window = carry + chunk
                     stream_error = stream_error or any(marker in window for marker in _STREAM_ERRORS)
                     ended = ended or any(marker in window for marker in _STREAM_ENDS)
-                    carry = chunk[-32:]
+                    carry = window[-32:]
                     await response.write(chunk)
                 await response.write_eof()
             except ConnectionResetError:
