@@ -127,6 +127,34 @@ CALL_KIND_TOKEN: Final = "token"
 CALL_KIND_TEXT: Final = "text"
 """A call to a model that gives no token ids: only text is recorded; not trainable."""
 
+AGL_CALL_CLASS: Final = "agl.call.class"
+"""The class the agent or harness declared for a call (`CALL_CLASSES`; header `x-agl-call-class`).
+
+Absent when nothing was declared: the converter then infers the class from the attempt's recorded
+token structure (agl_bridge/convert/graph.py)."""
+
+AGL_CALL_PARENT: Final = "agl.call.parent"
+"""The call a request declared as its parent (header `x-agl-parent-call`): the store sequence of a
+call of the same attempt, as decimal text, or the raw value when the proxy could not resolve it."""
+
+CALL_CLASS_MAIN: Final = "main"
+"""A turn of the chain that ends the attempt (the conversation the reward is about)."""
+
+CALL_CLASS_RETRY: Final = "retry"
+"""A discarded branch: its prompt was sent again and the conversation went on from a later sibling."""
+
+CALL_CLASS_SIDE: Final = "side"
+"""An auxiliary call whose conversation is never continued and never reaches the main chain (titles, probes)."""
+
+CALL_CLASS_COMPACTION: Final = "compaction"
+"""A call whose answer replaces the history: the main chain restarts after it from a prompt carrying it."""
+
+CALL_CLASS_SUBAGENT: Final = "subagent"
+"""A chain of its own started from the main chain, whose result returns into it."""
+
+CALL_CLASSES: Final = (CALL_CLASS_MAIN, CALL_CLASS_RETRY, CALL_CLASS_SIDE, CALL_CLASS_COMPACTION, CALL_CLASS_SUBAGENT)
+"""Every call class, in the order reports list them."""
+
 AGL_PROMPT_TOKEN_IDS: Final = "agl.prompt_token_ids"
 """Int array: the prompt token ids exactly as the sampler consumed them."""
 
@@ -171,6 +199,13 @@ HEADER_AGENT_NAME: Final = "x-agent-name"
 HEADER_RECORDED_UPSTREAM: Final = "x-agl-recorded-upstream"
 """Request header a `RemoteSampler` sends on `/v1/completions`: whoever called the sampler (a proxy)
 records the call, so an `agl-bridge serve` sampling for it does not store a second, unattributed copy."""
+
+HEADER_CALL_CLASS: Final = "x-agl-call-class"
+"""Request header declaring the call's class (one of `CALL_CLASSES`); wins over the converter's inference."""
+
+HEADER_PARENT_CALL: Final = "x-agl-parent-call"
+"""Request header declaring the call's parent: the `id` this proxy returned for an earlier call of the same
+attempt (chat `chatcmpl-…`, Responses `resp_…`, Anthropic `msg_…`) or that call's store sequence."""
 
 PATH_PARAM_ROLLOUT_ID: Final = "rollout_id"
 """Name of the rollout path parameter in `/rollout/{rollout_id}/attempt/{attempt_id}/v1/...` routes."""

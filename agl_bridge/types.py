@@ -30,6 +30,20 @@ DEFAULT_REWARD_NAME = "reward"
 """Name given to a reward when the agent does not name it."""
 
 
+class CallClass(str, enum.Enum):
+    """What a recorded call was to its attempt; decides whether it trains (docs/trajectories.md, "What trains").
+
+    Declared by the agent or harness (header `x-agl-call-class`) or inferred by the converter from
+    the attempt's recorded token structure (`agl_bridge.convert.graph`).
+    """
+
+    MAIN = semconv.CALL_CLASS_MAIN
+    RETRY = semconv.CALL_CLASS_RETRY
+    SIDE = semconv.CALL_CLASS_SIDE
+    COMPACTION = semconv.CALL_CLASS_COMPACTION
+    SUBAGENT = semconv.CALL_CLASS_SUBAGENT
+
+
 class InvalidTransitionError(ValueError):
     """A rollout or attempt was asked to move to a status its current status cannot reach."""
 
@@ -168,6 +182,11 @@ class LLMCall:
     (may be empty when unknown). `policy_version` is the oldest of those versions; it is derived
     from `token_policy_versions` when not given. Calls of kind "text" (models that return no
     token ids) carry no token lists and cannot be trained on.
+
+    `declared_class` / `declared_parent` are what the agent or harness declared for this call
+    (headers `x-agl-call-class` / `x-agl-parent-call`): the class wins over the converter's
+    inference; the parent is an earlier call's store sequence as decimal text when the proxy
+    resolved it, else the raw value sent (an unknown parent, reported by the converter).
     """
 
     rollout_id: str | None = None
@@ -191,9 +210,21 @@ class LLMCall:
     span_id: str | None = None
     trace_id: str | None = None
     usage: Usage | None = None
+    declared_class: CallClass | None = None
+    declared_parent: str | None = None
 
     def __post_init__(self) -> None:
         _check_attribution(self.rollout_id, self.attempt_id, self.sequence)
+        if self.declared_class is not None and type(self.declared_class) is not CallClass:
+            try:
+                self.declared_class = CallClass(self.declared_class)
+            except ValueError:
+                raise ValueError(
+                    f"declared_class must be one of {', '.join(semconv.CALL_CLASSES)} or None, "
+                    f"got {self.declared_class!r}"
+                ) from None
+        if self.declared_parent is not None and (not isinstance(self.declared_parent, str) or not self.declared_parent):
+            raise ValueError(f"declared_parent must be a non-empty string or None, got {self.declared_parent!r}")
         if not isinstance(self.model, str):
             raise ValueError(f"model must be a string (the model name), got {self.model!r}")
         if self.kind not in _CALL_KINDS:
