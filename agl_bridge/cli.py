@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 
 from agl_bridge.convert.export import TrajectoryExportCounts
+from agl_bridge.convert.records import in_class_order
 from agl_bridge.export import EXPORTERS, ExportWhat
 from agl_bridge.export_files import ExportCounts, ExportFormat, ExportOutputError
 from agl_bridge.models.families import FAMILIES
@@ -177,6 +178,9 @@ def _export_summary(what: ExportWhat, counts: ExportCounts, scope: str, out: Pat
         line += "; attempts dropped: " + ", ".join(f"{reason} {n}" for reason, n in sorted(report.dropped.items()))
     if report.splits:
         line += "; splits: " + ", ".join(f"{kind} {n}" for kind, n in sorted(report.splits.items()))
+    if report.excluded_by_class:
+        excluded = in_class_order(report.excluded_by_class)
+        line += "; not trained, by class: " + ", ".join(f"{name} {n}" for name, n in excluded)
     return line
 
 
@@ -678,6 +682,13 @@ def export_command(
     agent: list[str] = typer.Option(
         [], "--agent", metavar="NAME", help=f"Train only calls of this agent; repeat for several {_TRAJECTORY_ONLY}."
     ),
+    train_classes: str = typer.Option(
+        "main,subagent",
+        "--train-classes",
+        metavar="CLASSES",
+        help="The call classes that train, comma-separated, of main, retry, side, compaction, subagent "
+        f"(docs/trajectories.md, What trains) {_TRAJECTORY_ONLY}.",
+    ),
 ) -> None:
     """Export calls and rewards, or trajectories (formats: `agl_bridge.store.export`, docs/trajectories.md)."""
     from agl_bridge.convert.errors import ConversionError
@@ -689,8 +700,11 @@ def export_command(
     if what is ExportWhat.CALLS:
         if file_format is not ExportFormat.JSONL:
             _fail("--what calls is written as JSON Lines only; drop --format parquet (Parquet is for trajectories)")
-        if missing_reward != "drop" or reward_weight or model or agent:
-            _fail("--missing-reward, --reward-weight, --model and --agent apply to --what trajectories only")
+        if missing_reward != "drop" or reward_weight or model or agent or train_classes != "main,subagent":
+            _fail(
+                "--missing-reward, --reward-weight, --model, --agent and --train-classes apply to "
+                "--what trajectories only"
+            )
     else:
         try:
             options = ConvertOptions(
@@ -698,9 +712,10 @@ def export_command(
                 agent_names=frozenset(agent) if agent else None,
                 reward_weights=_reward_weights(reward_weight),
                 missing_reward=missing_reward,  # type: ignore[arg-type]  # validated by ConvertOptions
+                train_classes=train_classes,  # type: ignore[arg-type]  # a comma-separated string is parsed there
             )
         except ValueError as exc:
-            _fail(str(exc))
+            _fail(str(exc).replace("train_classes", "--train-classes"))
 
     async def run() -> ExportCounts:
         async with open_existing_store(store) as opened:
@@ -714,8 +729,10 @@ def export_command(
         _fail(str(exc), code=1)  # the data (or the installation), not the command line
     scope = f" of rollout {rollout}" if rollout is not None else ""
     typer.echo(_export_summary(what, counts, scope, out))
-    if isinstance(counts, TrajectoryExportCounts) and (left_out := counts.report.left_out()):
-        typer.echo(left_out, err=True)
+    if isinstance(counts, TrajectoryExportCounts):
+        for line in (counts.report.left_out(), counts.report.by_class_line()):
+            if line:
+                typer.echo(line, err=True)
 
 
 _INSPECT_HELP = (

@@ -21,14 +21,20 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from agl_bridge.convert.errors import TrajectoryFormatError
-from agl_bridge.convert.records import SegmentCall, Trajectory, TrajectorySegment
+from agl_bridge.convert.records import ExcludedCall, SegmentCall, Trajectory, TrajectorySegment
 from agl_bridge.export_files import ExportFormat
 
 PARQUET_FORMAT_KEY = b"agl_bridge.trajectory_format"
 """Parquet schema metadata key holding the trajectory format version."""
 
-FORMAT_VERSION = "1"
-"""Version of the trajectory schema (docs/trajectories.md); bump when a field changes meaning."""
+FORMAT_VERSION = "2"
+"""Version of the trajectory schema (docs/trajectories.md); bump when a field changes meaning.
+
+Version 2 added the rollout graph: `call_class` on segments and calls, `parent_sequence` on calls,
+`excluded_calls` and `graph_warnings` on trajectories. Version 1 files read with those empty."""
+
+READABLE_VERSIONS = ("1", FORMAT_VERSION)
+"""Trajectory format versions this reader accepts."""
 
 DEFAULT_ROW_GROUP = 256
 """Trajectories per Parquet row group: bounds the writer's and reader's memory."""
@@ -56,6 +62,17 @@ def trajectory_to_json(trajectory: Trajectory) -> dict[str, Any]:
         "unattached_rewards": trajectory.unattached_rewards,
         "missing_reward": trajectory.missing_reward,
         "segments": [_segment_to_json(segment) for segment in trajectory.segments],
+        "excluded_calls": [
+            {
+                "sequence": call.sequence,
+                "choice_index": call.choice_index,
+                "call_class": call.call_class.value,
+                "parent_sequence": call.parent_sequence,
+                "reason": call.reason,
+            }
+            for call in trajectory.excluded_calls
+        ],
+        "graph_warnings": trajectory.graph_warnings,
     }
 
 
@@ -68,6 +85,7 @@ def _segment_to_json(segment: TrajectorySegment) -> dict[str, Any]:
         "model": segment.model,
         "split_kind": None if segment.split_kind is None else segment.split_kind.value,
         "split_reason": segment.split_reason,
+        "call_class": None if segment.call_class is None else segment.call_class.value,
         "calls": [
             {
                 "sequence": call.sequence,
@@ -78,6 +96,8 @@ def _segment_to_json(segment: TrajectorySegment) -> dict[str, Any]:
                 "finish_reason": call.finish_reason,
                 "span_id": call.span_id,
                 "rewards": call.rewards,
+                "call_class": None if call.call_class is None else call.call_class.value,
+                "parent_sequence": call.parent_sequence,
             }
             for call in segment.calls
         ],
@@ -96,6 +116,7 @@ def trajectory_from_json(record: dict[str, Any]) -> Trajectory:
                 model=segment["model"],
                 split_kind=segment["split_kind"],
                 split_reason=segment["split_reason"],
+                call_class=segment.get("call_class"),
                 calls=[SegmentCall(**_dict_fields(call)) for call in segment["calls"]],
             )
             for segment in record["segments"]
@@ -110,6 +131,8 @@ def trajectory_from_json(record: dict[str, Any]) -> Trajectory:
             unattached_rewards=_float_dict(record["unattached_rewards"]),
             missing_reward=record["missing_reward"],
             segments=segments,
+            excluded_calls=[ExcludedCall(**call) for call in record.get("excluded_calls") or []],
+            graph_warnings=list(record.get("graph_warnings") or []),
         )
     except KeyError as exc:
         raise TrajectoryFormatError(f"missing field {exc.args[0]!r}") from None
@@ -303,10 +326,10 @@ def _iter_parquet(path: Path) -> Iterator[Trajectory]:
     _, pq = _arrow()
     parquet = pq.ParquetFile(path)
     version = (parquet.schema_arrow.metadata or {}).get(PARQUET_FORMAT_KEY)
-    if version != FORMAT_VERSION.encode():
+    if version is None or version.decode() not in READABLE_VERSIONS:
         found = "no trajectory format mark" if version is None else f"trajectory format {version.decode()!r}"
         raise TrajectoryFormatError(
-            f"{path} is a Parquet file with {found}; this agl_bridge reads format {FORMAT_VERSION!r} "
+            f"{path} is a Parquet file with {found}; this agl_bridge reads formats {', '.join(READABLE_VERSIONS)} "
             "(export it again with `agl-bridge export --what trajectories --format parquet`)"
         )
     row = 0
@@ -355,6 +378,17 @@ def arrow_schema() -> Any:
             pa.field("finish_reason", pa.string()),
             pa.field("span_id", pa.string()),
             required("rewards", rewards),
+            pa.field("call_class", pa.string()),
+            pa.field("parent_sequence", pa.int64()),
+        ]
+    )
+    excluded = pa.struct(
+        [
+            required("sequence", pa.int64()),
+            required("choice_index", pa.int32()),
+            required("call_class", pa.string()),
+            pa.field("parent_sequence", pa.int64()),
+            required("reason", pa.string()),
         ]
     )
     segment = pa.struct(
@@ -366,6 +400,7 @@ def arrow_schema() -> Any:
             required("model", pa.string()),
             pa.field("split_kind", pa.string()),
             pa.field("split_reason", pa.string()),
+            pa.field("call_class", pa.string()),
             required("calls", pa.list_(pa.field("element", call, nullable=False))),
         ]
     )
@@ -380,6 +415,8 @@ def arrow_schema() -> Any:
             required("unattached_rewards", rewards),
             required("missing_reward", pa.bool_()),
             required("segments", pa.list_(pa.field("element", segment, nullable=False))),
+            required("excluded_calls", pa.list_(pa.field("element", excluded, nullable=False))),
+            required("graph_warnings", pa.list_(pa.field("element", pa.string(), nullable=False))),
         ],
         metadata={PARQUET_FORMAT_KEY: FORMAT_VERSION.encode()},
     )

@@ -31,6 +31,7 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agl_bridge.convert.graph import RolloutGraph
 from agl_bridge.convert.records import SegmentCall, SplitKind, TrajectorySegment
 from agl_bridge.types import LLMCall
 
@@ -58,13 +59,14 @@ class _Open:
         # The length and last-token checks reject most non-matches without copying a slice.
         return len(prompt) >= n and prompt[n - 1] == ids[-1] and prompt[:n] == ids
 
-    def append(self, call: LLMCall, prompt: array[int], rewards: dict[str, float]) -> None:
+    def append(self, call: LLMCall, prompt: array[int], rewards: dict[str, float], graph: RolloutGraph | None) -> None:
         """Add `call`'s observation tokens (its prompt beyond the segment) and its sampled tokens."""
         ids = self.input_ids
         if len(prompt) > len(ids):
             ids.extend(prompt[len(ids) :])
         start = len(ids)
         ids.extend(call.response_token_ids)
+        node = None if graph is None else graph.nodes.get((call.sequence, call.choice_index))  # type: ignore[arg-type]
         self.calls.append(
             SegmentCall(
                 sequence=call.sequence,  # type: ignore[arg-type]  # checked by convert_attempt
@@ -75,6 +77,8 @@ class _Open:
                 finish_reason=call.finish_reason,
                 span_id=call.span_id,
                 rewards=rewards,
+                call_class=None if node is None else node.call_class,
+                parent_sequence=None if node is None or node.parent is None else node.parent[0],
             )
         )
         self.placed.append(call)
@@ -107,11 +111,12 @@ class _Open:
 
 
 def merge_calls(
-    calls: Sequence[LLMCall], rewards_by_call: Mapping[CallKey, dict[str, float]]
+    calls: Sequence[LLMCall], rewards_by_call: Mapping[CallKey, dict[str, float]], graph: RolloutGraph | None = None
 ) -> list[TrajectorySegment]:
     """Merge trainable token calls (in (sequence, choice_index) order) into segments, in creation order.
 
-    `rewards_by_call` gives each call's attributed rewards by (sequence, choice_index).
+    `rewards_by_call` gives each call's attributed rewards by (sequence, choice_index); `graph`, the
+    attempt's rollout graph, gives each placed call its class and parent.
     """
     segments: list[_Open] = []
     # Candidates to continue, least recent first; the segment the last request's first choice
@@ -129,7 +134,7 @@ def merge_calls(
                 f"choice {call.choice_index} of the n-choice request at sequence {call.sequence}: only the "
                 "first choice continues its conversation in place; each other choice is its own branch",
             )
-            branch.append(call, prompt, rewards)
+            branch.append(call, prompt, rewards, graph)
             segments.append(branch)
             recent.insert(len(recent) - 1, branch)
             continue
@@ -145,7 +150,7 @@ def merge_calls(
             segments.append(target)
         else:
             recent.remove(target)
-        target.append(call, prompt, rewards)
+        target.append(call, prompt, rewards, graph)
         recent.append(target)
     return [segment.build() for segment in segments]
 

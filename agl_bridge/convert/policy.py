@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agl_bridge import semconv
-from agl_bridge.types import LLMCall
+from agl_bridge.types import CallClass, LLMCall
 
 MissingRewardPolicy = Literal["drop", "zero", "error"]
 """What an attempt with no reward at all becomes: dropped (counted), a return of 0.0, or an error."""
@@ -24,6 +24,28 @@ SKIP_TEXT = "text"
 
 SKIP_NOT_SELECTED = "not_selected"
 """A token call of a model or agent the options do not select."""
+
+SKIP_CLASS = "class_not_trained"
+"""A token call whose class (`agl_bridge.convert.graph`) is not in `ConvertOptions.train_classes`."""
+
+DEFAULT_TRAIN_CLASSES = frozenset({CallClass.MAIN, CallClass.SUBAGENT})
+"""The call classes that train unless told otherwise: the conversation that earned the reward and
+its sub-agents; retries and side calls never earned it, compactions only when asked."""
+
+
+def parse_call_classes(option: str, names: Iterable[str | CallClass]) -> frozenset[CallClass]:
+    """Call classes from names (ValueError naming `option` and the known classes for a wrong one)."""
+    if isinstance(names, str):
+        names = [part.strip() for part in names.split(",") if part.strip()]
+    chosen = set()
+    for name in names:
+        try:
+            chosen.add(CallClass(name))
+        except ValueError:
+            raise ValueError(
+                f"{option} has {name!r}, which is not a call class; use some of {', '.join(semconv.CALL_CLASSES)}"
+            ) from None
+    return frozenset(chosen)
 
 
 def _name_set(option: str, names: Iterable[str | None] | None) -> frozenset[str | None] | None:
@@ -49,6 +71,8 @@ class ConvertOptions:
       `default_reward_weight`). The return is sum(weight[name] * total[name]) over the names.
     missing_reward: "drop" (default; counted in the report), "zero" (return 0.0, marked
       `missing_reward`), or "error" (raise MissingRewardError naming the rollout and attempt).
+    train_classes: the call classes that train (`agl_bridge.convert.graph`; names or `CallClass`
+      values, or one comma-separated string). Default: main and subagent. Empty: an error.
     """
 
     models: frozenset[str] | None = None
@@ -56,6 +80,7 @@ class ConvertOptions:
     reward_weights: Mapping[str, float] = field(default_factory=dict)
     default_reward_weight: float = 1.0
     missing_reward: MissingRewardPolicy = "drop"
+    train_classes: frozenset[CallClass] = DEFAULT_TRAIN_CLASSES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", _name_set("models", self.models))
@@ -69,6 +94,11 @@ class ConvertOptions:
         object.__setattr__(self, "default_reward_weight", _finite("default_reward_weight", self.default_reward_weight))
         if self.missing_reward not in _MISSING_REWARD_POLICIES:
             raise ValueError(f"missing_reward must be one of {_MISSING_REWARD_POLICIES}, got {self.missing_reward!r}")
+        classes = parse_call_classes("train_classes", self.train_classes)
+        if not classes:
+            known = ", ".join(semconv.CALL_CLASSES)
+            raise ValueError(f"train_classes is empty, which would train no call at all; name some of {known}")
+        object.__setattr__(self, "train_classes", classes)
 
     def weight(self, name: str) -> float:
         """The weight of reward `name` in the return."""
@@ -82,7 +112,8 @@ def _finite(option: str, value: object) -> float:
 
 
 DEFAULT_OPTIONS = ConvertOptions()
-"""Every token call trains, every reward weighs 1.0, attempts without a reward are dropped."""
+"""Every token call of the main conversation and its sub-agents trains, every reward weighs 1.0,
+attempts without a reward are dropped."""
 
 
 def skip_reason(call: LLMCall, options: ConvertOptions) -> str | None:

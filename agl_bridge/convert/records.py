@@ -12,7 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from agl_bridge.types import check_count, check_id, finite_real
+from agl_bridge import semconv
+from agl_bridge.types import CallClass, check_count, check_id, finite_real
 
 
 class DropReason(str, enum.Enum):
@@ -27,7 +28,7 @@ class DropReason(str, enum.Enum):
     MISSING_REWARD = "missing_reward"
     """No reward was recorded and the policy is `missing_reward="drop"`."""
     NO_TRAINABLE_CALLS = "no_trainable_calls"
-    """No call of the attempt is a selected token-level call."""
+    """No call of the attempt is a selected token-level call of a class that trains."""
 
 
 class SplitKind(str, enum.Enum):
@@ -50,7 +51,8 @@ class SegmentCall:
     Its prompt is exactly `input_ids[:response_start]` (that is what merging guarantees), so the
     observation tokens between this call and the one before it in the segment are
     `input_ids[previous.response_end:response_start]`. `rewards` are the rewards attributed to
-    this call, summed by name.
+    this call, summed by name. `call_class` and `parent_sequence` are its place in the rollout
+    graph (`agl_bridge.convert.graph`; None in files written before the graph existed).
     """
 
     sequence: int
@@ -61,6 +63,8 @@ class SegmentCall:
     finish_reason: str | None = None
     span_id: str | None = None
     rewards: dict[str, float] = field(default_factory=dict)
+    call_class: CallClass | None = None
+    parent_sequence: int | None = None
 
     def __post_init__(self) -> None:
         # One cheap test for the common case: the converter builds tens of thousands per second.
@@ -78,6 +82,24 @@ class SegmentCall:
                 f"response_end ({self.response_end}) is before response_start ({self.response_start}) "
                 f"for the call at sequence {self.sequence}"
             )
+        if self.call_class is not None and type(self.call_class) is not CallClass:
+            self.call_class = CallClass(self.call_class)
+
+
+@dataclass(slots=True, kw_only=True)
+class ExcludedCall:
+    """A token call of a converted attempt that trains in no segment: its class does not train
+    (`ConvertOptions.train_classes`), or the model/agent filters leave it out (`call_class` then
+    says what it was all the same). `reason` says why, for people."""
+
+    sequence: int
+    choice_index: int
+    call_class: CallClass
+    parent_sequence: int | None = None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        self.call_class = CallClass(self.call_class)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -90,6 +112,7 @@ class TrajectorySegment:
     `policy_versions` is the version that sampled each token, -1 where the mask is 0 (or where the
     version is unknown). `calls` are the LLM calls merged into it, in order. `split_kind` and
     `split_reason` say why this segment did not continue an earlier one (None for the first).
+    `call_class` is its first call's class (a segment follows one conversation of the graph).
     """
 
     input_ids: list[int]
@@ -100,6 +123,7 @@ class TrajectorySegment:
     calls: list[SegmentCall]
     split_kind: SplitKind | None = None
     split_reason: str | None = None
+    call_class: CallClass | None = None
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -117,6 +141,10 @@ class TrajectorySegment:
             )
         if self.split_kind is not None:
             self.split_kind = SplitKind(self.split_kind)
+        if self.call_class is None:
+            self.call_class = self.calls[0].call_class
+        elif type(self.call_class) is not CallClass:
+            self.call_class = CallClass(self.call_class)
 
     @property
     def num_sampled(self) -> int:
@@ -133,7 +161,9 @@ class Trajectory:
     `rewards` attributed to no call (emitted before the first trainable call, or recorded for the
     rollout outside any attempt). `missing_reward` is True when no reward was recorded and the
     policy `missing_reward="zero"` gave it a return of 0.0. GRPO groups trajectories by
-    `group_id` (the rollouts of one task in one step).
+    `group_id` (the rollouts of one task in one step). `excluded_calls` are the attempt's token
+    calls that train in no segment, with their class and why; `graph_warnings` what building the
+    rollout graph warned about (an unknown declared parent, two main conversations at once).
     """
 
     rollout_id: str
@@ -145,6 +175,8 @@ class Trajectory:
     unattached_rewards: dict[str, float] = field(default_factory=dict)
     missing_reward: bool = False
     segments: list[TrajectorySegment]
+    excluded_calls: list[ExcludedCall] = field(default_factory=list)
+    graph_warnings: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_id("rollout_id", self.rollout_id, optional=False)
@@ -162,6 +194,14 @@ class Trajectory:
         """LLM calls merged into this trajectory's segments."""
         return sum(len(segment.calls) for segment in self.segments)
 
+    def call_classes(self) -> dict[tuple[int, int], CallClass | None]:
+        """Every token call's class by (sequence, choice_index): the trained ones and the excluded ones."""
+        found: dict[tuple[int, int], CallClass | None] = {
+            (call.sequence, call.choice_index): call.call_class for segment in self.segments for call in segment.calls
+        }
+        found.update({(call.sequence, call.choice_index): call.call_class for call in self.excluded_calls})
+        return found
+
 
 _WHY_DROPPED = {
     DropReason.NOT_FINISHED.value: "attempts still running or of rollouts not finished (finish them: POST "
@@ -178,9 +218,17 @@ class ConversionReport:
     """What a conversion did: attempts converted or dropped (by `DropReason`), segments, splits.
 
     `calls_not_trained` counts calls by reason: "text" (no token ids), "not_selected" (another
-    model or agent than the options select), "dropped_attempt" (in an attempt that produced no
-    trajectory), "outside_attempt" (a rollout's calls made outside any of its attempts).
-    `rewards_ignored` counts rewards naming an attempt the store has no row for.
+    model or agent than the options select), "class_not_trained" (a class outside the options'
+    `train_classes`), "dropped_attempt" (in an attempt that produced no trajectory),
+    "outside_attempt" (a rollout's calls made outside any of its attempts). `rewards_ignored`
+    counts rewards naming an attempt the store has no row for.
+
+    The provenance audit, over converted attempts: `calls_by_class` (every token call's class),
+    `trained_tokens_by_class` (loss-mask tokens by the class of the call that sampled them),
+    `excluded_by_class` (token calls that train in no segment, by class), and `trained_tokens`
+    against `trained_sampled_tokens` (of those, the ones that are a trained call's sampled ids:
+    `sampled_share` must be 1.0). `graph_warnings` counts the rollout graphs' warnings; the first
+    few are kept in `warnings`.
     """
 
     rollouts_seen: int = 0
@@ -195,6 +243,18 @@ class ConversionReport:
     rewards_seen: int = 0
     rewards_ignored: int = 0
     missing_reward_zeroed: int = 0
+    calls_by_class: dict[str, int] = field(default_factory=dict)
+    trained_tokens_by_class: dict[str, int] = field(default_factory=dict)
+    excluded_by_class: dict[str, int] = field(default_factory=dict)
+    trained_tokens: int = 0
+    trained_sampled_tokens: int = 0
+    graph_warnings: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def sampled_share(self) -> float:
+        """Share of trained (loss-mask) tokens that are a trained call's sampled ids: 1.0 unless something broke."""
+        return 1.0 if not self.trained_tokens else self.trained_sampled_tokens / self.trained_tokens
 
     @property
     def attempts_dropped(self) -> int:
@@ -232,4 +292,29 @@ class ConversionReport:
             "rewards_seen": self.rewards_seen,
             "rewards_ignored": self.rewards_ignored,
             "missing_reward_zeroed": self.missing_reward_zeroed,
+            "calls_by_class": dict(in_class_order(self.calls_by_class)),
+            "trained_tokens_by_class": dict(in_class_order(self.trained_tokens_by_class)),
+            "excluded_by_class": dict(in_class_order(self.excluded_by_class)),
+            "trained_tokens": self.trained_tokens,
+            "trained_sampled_tokens": self.trained_sampled_tokens,
+            "sampled_share": self.sampled_share,
+            "graph_warnings": self.graph_warnings,
         }
+
+    def by_class_line(self) -> str:
+        """One line for people: calls and trained tokens per class ("" before any call was classified)."""
+        if not self.calls_by_class:
+            return ""
+        parts = [
+            f"{name} {n} calls / {self.trained_tokens_by_class.get(name, 0)} trained tokens"
+            for name, n in in_class_order(self.calls_by_class)
+        ]
+        line = f"calls by class: {', '.join(parts)}; {self.sampled_share:.0%} of trained tokens are sampled tokens"
+        if self.graph_warnings:
+            line += f"; {self.graph_warnings} rollout-graph warnings, e.g. {self.warnings[0]}"
+        return line
+
+
+def in_class_order(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """`counts` in `CALL_CLASSES` order (reports list classes the same way everywhere)."""
+    return [(name, counts[name]) for name in semconv.CALL_CLASSES if name in counts]

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 
-from agl_bridge.convert.policy import DEFAULT_OPTIONS, ConvertOptions, skip_reason
+from agl_bridge import semconv
+from agl_bridge.convert.policy import DEFAULT_OPTIONS, SKIP_CLASS, SKIP_NOT_SELECTED, SKIP_TEXT, ConvertOptions
 from agl_bridge.convert.records import ConversionReport, DropReason, Trajectory
 from agl_bridge.convert.trajectory import convert_attempt
 from agl_bridge.export_files import closing_stream
@@ -27,6 +28,9 @@ OUTSIDE_ATTEMPT = "outside_attempt"
 
 DROPPED_ATTEMPT = "dropped_attempt"
 """`calls_not_trained` key: calls of an attempt that produced no trajectory."""
+
+MAX_REPORT_WARNINGS = 10
+"""Graph warnings a report keeps word for word (all are counted)."""
 
 _ROLLOUT_VERDICTS = {RolloutStatus.FAILED: AttemptStatus.FAILED, RolloutStatus.TIMED_OUT: AttemptStatus.TIMED_OUT}
 
@@ -86,17 +90,40 @@ def convert_rollout_attempts(
         report.attempts_converted += 1
         report.segments += len(result.segments)
         report.missing_reward_zeroed += result.missing_reward
-        for segment in result.segments:
-            if segment.split_kind is not None:
-                _count(report.splits, segment.split_kind.value)
+        _audit(result, report)
         trained = result.num_calls
         report.calls_trained += trained
         if trained < len(bundle.calls):
-            for call in bundle.calls:
-                reason = skip_reason(call, options)
-                if reason is not None:
-                    _count(report.calls_not_trained, reason)
+            _count(
+                report.calls_not_trained, SKIP_TEXT, sum(call.kind != semconv.CALL_KIND_TOKEN for call in bundle.calls)
+            )
+            for excluded in result.excluded_calls:
+                reason = SKIP_CLASS if excluded.call_class not in options.train_classes else SKIP_NOT_SELECTED
+                _count(report.calls_not_trained, reason)
     return outcomes
+
+
+def _audit(trajectory: Trajectory, report: ConversionReport) -> None:
+    """Count a converted trajectory's splits, calls by class and trained tokens by class (the provenance audit)."""
+    by_class, tokens_by_class = report.calls_by_class, report.trained_tokens_by_class
+    for segment in trajectory.segments:
+        if segment.split_kind is not None:
+            _count(report.splits, segment.split_kind.value)
+        report.trained_tokens += sum(segment.loss_mask)
+        for call in segment.calls:
+            name = call.call_class.value if call.call_class is not None else "unclassified"
+            _count(by_class, name)
+            sampled = call.response_end - call.response_start  # the call's sampled ids, placed by merge
+            _count(tokens_by_class, name, sampled)
+            report.trained_sampled_tokens += sampled
+    for excluded in trajectory.excluded_calls:
+        _count(by_class, excluded.call_class.value)
+        _count(report.excluded_by_class, excluded.call_class.value)
+    if trajectory.graph_warnings:
+        report.graph_warnings += len(trajectory.graph_warnings)
+        room = MAX_REPORT_WARNINGS - len(report.warnings)
+        where = f"rollout {trajectory.rollout_id} attempt {trajectory.attempt_id}: "
+        report.warnings.extend(where + warning for warning in trajectory.graph_warnings[: max(room, 0)])
 
 
 async def convert_store(

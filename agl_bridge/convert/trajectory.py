@@ -3,9 +3,11 @@
 A pure function (no store, no I/O), so every rule is unit-testable; `convert_store` applies it to
 each attempt it streams. In order:
   1. Only a succeeded attempt trains: failed → FAILED, timed_out → TIMED_OUT, running → NOT_FINISHED.
-  2. Calls are taken in (sequence, choice_index) order; those that train are the token calls the
-     options select (`policy.skip_reason`). None → NO_TRAINABLE_CALLS (before looking at rewards:
-     there is nothing a reward could score).
+  2. Calls are taken in (sequence, choice_index) order and classified (`graph.build_graph`: main,
+     retry, side, compaction, subagent); those that train are the token calls the options select
+     (`policy.skip_reason`) of a class in `options.train_classes`; the others are listed in
+     `excluded_calls` with their class and why. None → NO_TRAINABLE_CALLS (before looking at
+     rewards: there is nothing a reward could score).
   3. No reward at all → the `missing_reward` policy: drop (MISSING_REWARD), zero (return 0.0,
      `missing_reward=True`), or error (MissingRewardError).
   4. Rewards are attributed to calls (`attribution`), calls merged into segments (`merge`), and
@@ -20,9 +22,10 @@ from typing import Any
 from agl_bridge import semconv
 from agl_bridge.convert.attribution import attribute_rewards
 from agl_bridge.convert.errors import MissingRewardError
+from agl_bridge.convert.graph import RolloutGraph, build_graph
 from agl_bridge.convert.merge import merge_calls
 from agl_bridge.convert.policy import DEFAULT_OPTIONS, ConvertOptions, skip_reason, weighted_return
-from agl_bridge.convert.records import DropReason, Trajectory
+from agl_bridge.convert.records import DropReason, ExcludedCall, Trajectory
 from agl_bridge.types import AttemptStatus, LLMCall, Reward
 
 _STATUS_DROPS = {
@@ -58,10 +61,8 @@ def convert_attempt(
     if drop is not None:
         return drop
     ordered = sorted(calls, key=_call_order)
-    if options.models is None and options.agent_names is None:  # the common case, without a call per call
-        trainable = [call for call in ordered if call.kind == semconv.CALL_KIND_TOKEN]
-    else:
-        trainable = [call for call in ordered if skip_reason(call, options) is None]
+    graph = build_graph(ordered)
+    trainable, excluded = _select(ordered, graph, options)
     if not trainable:
         return DropReason.NO_TRAINABLE_CALLS
     if not rewards:
@@ -79,8 +80,42 @@ def convert_attempt(
         rewards=attribution.totals,
         unattached_rewards=attribution.unattached,
         missing_reward=not rewards,
-        segments=merge_calls(trainable, attribution.by_call),
+        segments=merge_calls(trainable, attribution.by_call, graph),
+        excluded_calls=excluded,
+        graph_warnings=graph.warnings,
     )
+
+
+def _select(
+    ordered: list[LLMCall], graph: RolloutGraph, options: ConvertOptions
+) -> tuple[list[LLMCall], list[ExcludedCall]]:
+    """The token calls that train, in order, and the others with their class and why they do not."""
+    trainable: list[LLMCall] = []
+    excluded: list[ExcludedCall] = []
+    filters = options.models is not None or options.agent_names is not None
+    for call in ordered:
+        if call.kind != semconv.CALL_KIND_TOKEN:
+            continue
+        node = graph.nodes[(call.sequence, call.choice_index)]  # type: ignore[index]  # checked in _identify
+        if node.call_class in options.train_classes and (not filters or skip_reason(call, options) is None):
+            trainable.append(call)
+            continue
+        why = (
+            f"{node.call_class.value} calls do not train (train_classes: "
+            f"{', '.join(sorted(c.value for c in options.train_classes))}); {node.reason}"
+            if node.call_class not in options.train_classes
+            else "another model or agent than the options select"
+        )
+        excluded.append(
+            ExcludedCall(
+                sequence=call.sequence,  # type: ignore[arg-type]  # checked in _identify
+                choice_index=call.choice_index,
+                call_class=node.call_class,
+                parent_sequence=None if node.parent is None else node.parent[0],
+                reason=why,
+            )
+        )
+    return trainable, excluded
 
 
 def _call_order(call: LLMCall) -> tuple[int, int]:

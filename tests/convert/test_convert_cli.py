@@ -72,13 +72,28 @@ def test_export_trajectories_writes_a_file_read_trajectories_loads(
     result = export(store_path, out, "--format", file_format)
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == (
-        f"Wrote 1 trajectories (2 segments from 3 LLM calls) to {out.resolve()}; "
-        "attempts dropped: failed 1, missing_reward 1; splits: not_extending 1"
+        f"Wrote 1 trajectories (1 segments from 2 LLM calls) to {out.resolve()}; "
+        "attempts dropped: failed 1, missing_reward 1; not trained, by class: side 1"
     )
+    assert "calls by class: main 2 calls / 2 trained tokens, side 1 calls / 0 trained tokens; 100%" in result.stderr
     (trajectory,) = read_trajectories(out)
     assert trajectory.rollout_id == "ro-1" and trajectory.reward == 2.0 and trajectory.task == {"task": "ro-1"}
-    assert [s.input_ids for s in trajectory.segments] == [[1, 2, 3, 4, 5], [50, 51]]
+    assert [s.input_ids for s in trajectory.segments] == [[1, 2, 3, 4, 5]]
+    assert [(call.sequence, call.call_class) for call in trajectory.excluded_calls] == [(1, "side")]
     assert (out.read_bytes()[:4] == b"PAR1") == (file_format == "parquet")
+
+
+def test_train_classes_choose_what_trains_and_a_wrong_class_is_named(store_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    result = export(store_path, out, "--train-classes", "main,side")
+    assert result.exit_code == 0, result.output
+    assert "(2 segments from 3 LLM calls)" in result.stdout and "splits: not_extending 1" in result.stdout
+    (trajectory,) = read_trajectories(out)
+    assert [s.input_ids for s in trajectory.segments] == [[1, 2, 3, 4, 5], [50, 51]]
+    assert [s.call_class for s in trajectory.segments] == ["main", "side"]
+    wrong = export(store_path, out, "--train-classes", "main,titles")
+    assert wrong.exit_code == 2
+    assert "--train-classes has 'titles', which is not a call class" in wrong.output
 
 
 def test_options_select_agents_weigh_rewards_and_keep_unrewarded_attempts(store_path: Path, tmp_path: Path) -> None:

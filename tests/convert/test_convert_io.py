@@ -24,20 +24,22 @@ from agl_bridge.convert.io import iter_trajectories
 
 
 def sample_trajectories() -> list[Trajectory]:
-    """Trajectories exercising every field: splits, branches, -inf/-0.0/tiny logprobs, odd tasks."""
+    """Trajectories exercising every field: splits, branches, classes, an excluded retry, -inf/-0.0/tiny
+    logprobs, odd tasks."""
     odd = call(0, [1, 2], [3, 4, 5], versions=[1, 1, 2])
     odd.response_logprobs = [-math.inf, -0.0, -5e-324]
     calls = [
         odd,
         call(0, [1, 2], [6], choice=1),
         call(1, [1, 2, 3, 4, 5, 7], [8], agent="solver"),
-        call(2, [99], [100], prefix_breaks=[{"message_index": 0, "kind": "template_error", "reason": "é ✓"}]),
+        call(2, [99], [100]),  # sent again at 3: a retry, excluded
+        call(3, [99], [101], prefix_breaks=[{"message_index": 0, "kind": "template_error", "reason": "é ✓"}]),
     ]
     first = convert_attempt(
         calls,
-        [reward(3, 0.1, "b"), reward(4, 1 / 3, "a"), reward(5, 1.0, "verifier", attempt_id=None)],
+        [reward(4, 0.1, "b"), reward(5, 1 / 3, "a"), reward(6, 1.0, "verifier", attempt_id=None)],
         "succeeded",
-        ConvertOptions(reward_weights={"a": 0.7}),
+        ConvertOptions(reward_weights={"a": 0.7}, train_classes=("main", "side")),
         group_id="g-ü",
         task={"question": "2+2 ✓ \u2028", "nested": [1, 2.5, None, True], "empty": {}},
     )
@@ -50,6 +52,8 @@ def sample_trajectories() -> list[Trajectory]:
     )
     assert isinstance(first, Trajectory) and isinstance(second, Trajectory)
     assert len(first.segments) == 3 and second.group_id is None
+    assert [segment.call_class for segment in first.segments] == ["main", "main", "side"]
+    assert [(call.sequence, call.call_class) for call in first.excluded_calls] == [(2, "retry")]
     return [first, second]
 
 
@@ -87,17 +91,18 @@ def test_jsonl_records_carry_the_documented_fields(tmp_path: Path) -> None:
     record = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
     assert list(record) == [
         "rollout_id", "attempt_id", "group_id", "task", "reward", "rewards", "unattached_rewards",
-        "missing_reward", "segments",
+        "missing_reward", "segments", "excluded_calls", "graph_warnings",
     ]  # fmt: skip
     segment = record["segments"][0]
     assert list(segment) == [
         "input_ids", "loss_mask", "sampler_logprobs", "policy_versions", "model", "split_kind", "split_reason",
-        "calls",
+        "call_class", "calls",
     ]  # fmt: skip
     assert list(segment["calls"][0]) == [
         "sequence", "choice_index", "response_start", "response_end", "agent_name", "finish_reason", "span_id",
-        "rewards",
+        "rewards", "call_class", "parent_sequence",
     ]  # fmt: skip
+    assert record["excluded_calls"][0]["call_class"] == "retry" and record["excluded_calls"][0]["reason"]
     assert record["segments"][1]["split_kind"] == "choice_branch"
     assert "-Infinity" in (tmp_path / "t.jsonl").read_text()
 
@@ -112,7 +117,7 @@ def test_parquet_columns_are_typed(tmp_path: Path) -> None:
     segment = schema.field("segments").type.value_type
     assert str(segment.field("input_ids").type.value_type) == "int32"
     assert str(segment.field("loss_mask").type.value_type) == "int8"
-    assert schema.metadata[b"agl_bridge.trajectory_format"] == b"1"
+    assert schema.metadata[b"agl_bridge.trajectory_format"] == b"2"
 
 
 def test_a_broken_jsonl_line_is_named(tmp_path: Path) -> None:
