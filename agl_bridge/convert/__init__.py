@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from agl_bridge.convert.errors import ConversionError, MissingRewardError, TrajectoryFormatError
 from agl_bridge.convert.export import TrajectoryExportCounts, export_trajectories
+from agl_bridge.convert.graph import CallNode, RolloutGraph, build_graph
 from agl_bridge.convert.groups import group_key, group_trajectories
 from agl_bridge.convert.io import (
     check_segment,
@@ -19,10 +20,17 @@ from agl_bridge.convert.io import (
     trajectory_to_json,
     write_trajectories,
 )
-from agl_bridge.convert.policy import DEFAULT_OPTIONS, ConvertOptions, MissingRewardPolicy
+from agl_bridge.convert.policy import (
+    ALL_CALL_CLASSES,
+    DEFAULT_OPTIONS,
+    DEFAULT_TRAIN_CLASSES,
+    ConvertOptions,
+    MissingRewardPolicy,
+)
 from agl_bridge.convert.records import (
     ConversionReport,
     DropReason,
+    ExcludedCall,
     SegmentCall,
     SplitKind,
     Trajectory,
@@ -32,7 +40,13 @@ from agl_bridge.convert.stream import convert_rollout, convert_rollout_attempts,
 from agl_bridge.convert.trajectory import convert_attempt
 
 __all__ = [
+    "ALL_CALL_CLASSES",
     "DEFAULT_OPTIONS",
+    "DEFAULT_TRAIN_CLASSES",
+    "CallNode",
+    "ExcludedCall",
+    "RolloutGraph",
+    "build_graph",
     "ConversionError",
     "ConversionReport",
     "ConvertOptions",

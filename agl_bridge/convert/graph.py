@@ -120,7 +120,9 @@ class _Call:
         self.response: array[int] = _ids(call.response_token_ids)
         self.parent: _Call | None = None
         self.via = ""  # how the parent edge was found: "tokens", "resent", "declared"
-        self.tree: _Call = self  # the root of its tree, once trees are known
+        # The sequence of its tree's root, once trees are known (a number, not the node: a node
+        # pointing at itself would be a reference cycle keeping the stored calls alive until a GC).
+        self.tree = self.sequence
         self.carried_probe: bytes | None = None
 
     def continued_by(self, prompt: array[int]) -> bool:
@@ -272,7 +274,7 @@ def _classify_trees(
         root = head
         while root.parent is not None and root.via != "declared":  # a declared parent spawns, it is not continued
             root = root.parent
-        head.tree = first_choice[root.sequence]
+        head.tree = root.sequence
         trees.setdefault(root.sequence, []).append(head)
     main_root = _main_root(heads, trees)
     main_trees = {
@@ -310,10 +312,10 @@ def _main_root(heads: list[_Call], trees: dict[int, list[_Call]]) -> _Call:
     spawned by a declared parent are passed over while any other tree exists.
     """
     spawned = {sequence for sequence, members in trees.items() if members[0].via == "declared"}
-    candidates = [head for head in heads if head.tree.sequence not in spawned] or heads
+    candidates = [head for head in heads if head.tree not in spawned] or heads
     for head in reversed(candidates):
-        if len(trees[head.tree.sequence]) > 1:
-            return head.tree
+        if len(trees[head.tree]) > 1:
+            return trees[head.tree][0]
     groups: list[list[_Call]] = []
     for head in candidates:
         group = next((group for group in groups if _shares_history(group[0].prompt, head.prompt)), None)
@@ -322,7 +324,7 @@ def _main_root(heads: list[_Call], trees: dict[int, list[_Call]]) -> _Call:
         else:
             group.append(head)
     best = max(groups, key=lambda group: (len(group), len(group[-1].prompt), group[-1].sequence))
-    return best[-1].tree
+    return trees[best[-1].tree][0]
 
 
 def _shares_history(prompt: array[int], other: array[int]) -> bool:
@@ -340,7 +342,7 @@ def _compactions(
     history: _Call | None = None  # the longest main prompt + response since the last restart
     leaves: list[_Call] = []  # calls since the last restart that nothing continued
     for head in heads:
-        root = head.tree
+        root = trees[head.tree][0]
         in_main = root is main_root or _shares_history(root.prompt, main_root.prompt)
         if not in_main and len(trees[root.sequence]) > 1:
             continue  # a conversation of its own (a sub-agent's): not the main history
@@ -407,7 +409,7 @@ def _outside_main(members: list[_Call], heads: list[_Call]) -> tuple[CallClass, 
     if len(members) > 1:
         return CallClass.SUBAGENT, f"subagent: a conversation of its own ({len(members)} calls) beside the main one"
     for later in heads:
-        if later.sequence > last.sequence and later.tree is not root and later.parent is not None:
+        if later.sequence > last.sequence and later.tree != root.sequence and later.parent is not None:
             if _carried_into(last, later):
                 return (
                     CallClass.SUBAGENT,
@@ -424,7 +426,7 @@ def _last_main_before(node: _Call, heads: list[_Call], main_trees: set[int]) -> 
     for head in heads:
         if head.sequence >= node.sequence:
             break
-        if head.tree.sequence in main_trees:
+        if head.tree in main_trees:
             spawner = head
     return spawner
 
@@ -436,8 +438,8 @@ def _check_main_leaves(ordered: list[_Call], graph: RolloutGraph) -> None:
     spans: dict[int, tuple[int, int]] = {}
     for node in ordered:
         if graph.nodes[node.key].call_class is CallClass.MAIN:
-            first, last = spans.get(node.tree.sequence, (node.sequence, node.sequence))
-            spans[node.tree.sequence] = (min(first, node.sequence), max(last, node.sequence))
+            first, last = spans.get(node.tree, (node.sequence, node.sequence))
+            spans[node.tree] = (min(first, node.sequence), max(last, node.sequence))
     ranges = sorted(spans.values())
     for (first_a, last_a), (first_b, last_b) in zip(ranges, ranges[1:], strict=False):
         if first_b < last_a:

@@ -32,6 +32,9 @@ DEFAULT_TRAIN_CLASSES = frozenset({CallClass.MAIN, CallClass.SUBAGENT})
 """The call classes that train unless told otherwise: the conversation that earned the reward and
 its sub-agents; retries and side calls never earned it, compactions only when asked."""
 
+ALL_CALL_CLASSES = frozenset(CallClass)
+"""Every call class: train every token call whatever it was (the converter before the rollout graph)."""
+
 
 def parse_call_classes(option: str, names: Iterable[str | CallClass]) -> frozenset[CallClass]:
     """Call classes from names (ValueError naming `option` and the known classes for a wrong one)."""

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agl_bridge.convert import (
+    ALL_CALL_CLASSES,
     ConvertOptions,
     DropReason,
     MissingRewardError,
@@ -52,7 +53,7 @@ def test_agent_selection() -> None:
     calls = [call(0, [1], [2], agent="solver"), call(1, [7], [8], agent="critic"), call(2, [9], [10])]
 
     def chosen(**options: object) -> list[int]:
-        result = convert_attempt(calls, REWARDS, "succeeded", ConvertOptions(**options))
+        result = convert_attempt(calls, REWARDS, "succeeded", ConvertOptions(train_classes=ALL_CALL_CLASSES, **options))
         return [c.sequence for s in result.segments for c in s.calls]
 
     assert chosen() == [0, 1, 2]
@@ -60,6 +61,15 @@ def test_agent_selection() -> None:
     assert chosen(agent_names={"critic", None}) == [1, 2]
     result = convert_attempt(calls, REWARDS, "succeeded", ConvertOptions(agent_names=["nobody"]))
     assert result is DropReason.NO_TRAINABLE_CALLS
+    by_default = convert_attempt(calls, REWARDS, "succeeded", ConvertOptions(agent_names={"critic", None}))
+    assert isinstance(by_default, Trajectory)  # three lone calls: the last is main, the others side
+    assert [c.sequence for s in by_default.segments for c in s.calls] == [2]
+    assert [
+        (c.sequence, c.call_class, c.reason.startswith("side calls do not train")) for c in by_default.excluded_calls
+    ] == [
+        (0, "side", True),
+        (1, "side", True),
+    ]
 
 
 def test_model_selection_combines_with_agents() -> None:
@@ -68,9 +78,12 @@ def test_model_selection_combines_with_agents() -> None:
         call(1, [3], [4], model="b", agent="x"),
         call(2, [5], [6], model="a"),
     ]
-    result = convert_attempt(calls, REWARDS, "succeeded", ConvertOptions(models=["a"], agent_names=["x"]))
+    every = ALL_CALL_CLASSES
+    result = convert_attempt(
+        calls, REWARDS, "succeeded", ConvertOptions(models=["a"], agent_names=["x"], train_classes=every)
+    )
     assert [c.sequence for s in result.segments for c in s.calls] == [0]
-    result = convert_attempt(calls, REWARDS, "succeeded", ConvertOptions(models=["a"]))
+    result = convert_attempt(calls, REWARDS, "succeeded", ConvertOptions(models=["a"], train_classes=every))
     assert [c.sequence for s in result.segments for c in s.calls] == [0, 2]
 
 
@@ -160,8 +173,20 @@ def attempts(draw: st.DrawFn) -> list:
 
 @settings(max_examples=200, deadline=None)
 @given(attempts())
-def test_every_call_sits_exactly_once_with_its_stored_tokens(calls: list) -> None:
+def test_every_call_is_trained_or_excluded_exactly_once(calls: list) -> None:
     result = convert_attempt(calls, [reward(100, 1.0)], "succeeded")
+    assert isinstance(result, Trajectory)
+    trained = [(spot.sequence, spot.choice_index) for segment in result.segments for spot in segment.calls]
+    excluded = [(call.sequence, call.choice_index) for call in result.excluded_calls]
+    assert sorted(trained + excluded) == sorted((c.sequence, c.choice_index) for c in calls)
+    assert {spot.call_class for segment in result.segments for spot in segment.calls} <= {"main", "subagent"}
+    assert {call.call_class for call in result.excluded_calls} <= {"retry", "side", "compaction"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(attempts())
+def test_every_call_sits_exactly_once_with_its_stored_tokens(calls: list) -> None:
+    result = convert_attempt(calls, [reward(100, 1.0)], "succeeded", ConvertOptions(train_classes=ALL_CALL_CLASSES))
     assert isinstance(result, Trajectory)
     placed = {}
     for segment in result.segments:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from convert_helpers import call, conversation, logprobs_for, reward
 
-from agl_bridge.convert import ConvertOptions, SplitKind, Trajectory, check_segment, convert_attempt
+from agl_bridge.convert import ALL_CALL_CLASSES, ConvertOptions, SplitKind, Trajectory, check_segment, convert_attempt
 
 
 def convert(calls, **options) -> Trajectory:
-    result = convert_attempt(calls, [reward(1_000, 1.0)], "succeeded", ConvertOptions(**options))
+    # Merging is about every call: train all classes (which calls train by class: test_convert_graph.py).
+    result = convert_attempt(
+        calls, [reward(1_000, 1.0)], "succeeded", ConvertOptions(**{"train_classes": ALL_CALL_CLASSES, **options})
+    )
     assert isinstance(result, Trajectory), result
     for segment in result.segments:
         check_segment(segment)

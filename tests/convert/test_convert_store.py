@@ -131,7 +131,15 @@ async def test_the_report_counts_every_attempt_call_and_reward(store: SQLiteStor
         "rewards_seen": 8,
         "rewards_ignored": 1,
         "missing_reward_zeroed": 0,
+        "calls_by_class": {"main": 2},
+        "trained_tokens_by_class": {"main": report.trained_tokens},
+        "excluded_by_class": {},
+        "trained_tokens": report.trained_tokens,
+        "trained_sampled_tokens": report.trained_tokens,
+        "sampled_share": 1.0,
+        "graph_warnings": 0,
     }
+    assert report.trained_tokens > 0
 
 
 async def test_missing_reward_zero_and_error_through_the_store(store: SQLiteStore) -> None:
