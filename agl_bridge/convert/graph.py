@@ -85,6 +85,9 @@ class RolloutGraph:
     nodes: dict[CallKey, CallNode] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     warnings_dropped: int = 0
+    one_conversation: bool = False
+    """True when every call continued the one before, one request at a time (all main): merging
+    then needs no token check (`merge_calls` uses it)."""
 
     def class_of(self, call: LLMCall) -> CallClass | None:
         """The class of `call` (None for a call outside the graph: text-only, or not of this attempt)."""
@@ -144,9 +147,10 @@ class _Call:
 def build_graph(calls: Sequence[LLMCall]) -> RolloutGraph:
     """The graph of one attempt's calls (any order; each needs its store `sequence`). See the module doc."""
     graph = RolloutGraph()
-    ordered = [_Call(call) for call in sorted(_token_calls(calls), key=_order)]
-    if not ordered:
+    token_calls = sorted(_token_calls(calls), key=_order)
+    if _one_conversation(token_calls, graph):
         return graph
+    ordered = [_Call(call) for call in token_calls]
     by_key = {node.key: node for node in ordered}
     first_choice = _link_parents(ordered, by_key, graph)
     retries = _find_retries(ordered, first_choice)
@@ -166,6 +170,38 @@ def build_graph(calls: Sequence[LLMCall]) -> RolloutGraph:
         )
     _check_main_leaves(ordered, graph)
     return graph
+
+
+_ONE_CONVERSATION = "main: the conversation that ends the attempt"
+
+
+def _one_conversation(calls: list[LLMCall], graph: RolloutGraph) -> bool:
+    """The common case, fast: one request at a time, nothing declared, each continuing the one before.
+
+    Every call is then main, the parent of the next; nothing else can apply. Fills `graph` and
+    returns True, or returns False (graph untouched) for the general rules.
+    """
+    previous: LLMCall | None = None
+    for call in calls:
+        if call.declared_class is not None or call.declared_parent is not None or call.choice_index:
+            return False
+        if previous is not None:
+            head, tail = previous.prompt_token_ids, previous.response_token_ids
+            prompt = call.prompt_token_ids
+            n_head = len(head)
+            n = n_head + len(tail)
+            if previous.sequence == call.sequence or len(prompt) < n:
+                return False
+            if not (prompt[:n_head] == head and prompt[n_head:n] == tail):
+                return False
+        previous = call
+    parent: CallKey | None = None
+    for call in calls:
+        key: CallKey = (call.sequence, 0)  # type: ignore[assignment]  # stored calls have sequences
+        graph.nodes[key] = CallNode(call_class=CallClass.MAIN, parent=parent, reason=_ONE_CONVERSATION)
+        parent = key
+    graph.one_conversation = True
+    return True
 
 
 def _token_calls(calls: Sequence[LLMCall]) -> list[LLMCall]:

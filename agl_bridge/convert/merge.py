@@ -118,6 +118,14 @@ def merge_calls(
     `rewards_by_call` gives each call's attributed rewards by (sequence, choice_index); `graph`, the
     attempt's rollout graph, gives each placed call its class and parent.
     """
+    if (
+        graph is not None
+        and graph.one_conversation
+        and calls
+        and len(calls) == len(graph.nodes)
+        and all(call.model == calls[0].model for call in calls)
+    ):
+        return [_one_segment(calls, rewards_by_call, graph)]
     segments: list[_Open] = []
     # Candidates to continue, least recent first; the segment the last request's first choice
     # went into is kept last so it is tried first (and wins ties against sibling branches).
@@ -153,6 +161,17 @@ def merge_calls(
         target.append(call, prompt, rewards, graph)
         recent.append(target)
     return [segment.build() for segment in segments]
+
+
+def _one_segment(
+    calls: Sequence[LLMCall], rewards_by_call: Mapping[CallKey, dict[str, float]], graph: RolloutGraph
+) -> TrajectorySegment:
+    """Every call in one segment: the graph found each prompt extends the one before, so no check is repeated."""
+    segment = _Open(calls[0], None, None)
+    for call in calls:
+        attributed = rewards_by_call.get((call.sequence, call.choice_index))  # type: ignore[arg-type]
+        segment.append(call, _as_array(call.prompt_token_ids), {} if attributed is None else dict(attributed), graph)
+    return segment.build()
 
 
 def explain_split(previous: _Open, call: LLMCall) -> tuple[SplitKind, str]:
