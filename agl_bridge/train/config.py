@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from agl_bridge import semconv
+from agl_bridge.convert.policy import DEFAULT_TRAIN_CLASSES, ConvertOptions
 from agl_bridge.errors import ConfigError
 from agl_bridge.runner.proxies import ProxyAddress
 from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError
@@ -210,6 +211,7 @@ class GRPOConfig:
     checkpoint_every: int = 5
     missing_reward: Literal["drop", "zero", "error"] = "drop"
     reward_weights: dict[str, float] = field(default_factory=dict)
+    train_call_classes: list[str] = field(default_factory=lambda: sorted(c.value for c in DEFAULT_TRAIN_CLASSES))
     seed: int = 0
     tensorboard: bool = True
     wandb_project: str | None = None
@@ -236,6 +238,10 @@ class GRPOConfig:
             self.sampler_spec().validate()
         except SamplerSpecError as error:
             raise ConfigError(f"{error.key}: {error}") from None
+        try:
+            self.convert_options()
+        except ValueError as error:
+            raise ConfigError(str(error).replace("train_classes", "train_call_classes")) from None
         rank = self.lora_rank
         if self.sampler_max_lora_rank is not None and isinstance(rank, int) and self.sampler_max_lora_rank < rank:
             raise ConfigError(
@@ -540,6 +546,15 @@ class GRPOConfig:
             schedule=self.lr_schedule,
             warmup_steps=self.lr_warmup_steps,
             final_ratio=self.lr_final_ratio,
+        )
+
+    def convert_options(self) -> ConvertOptions:
+        """How every mode converts what the store recorded: this run's reward weights, missing-reward
+        policy and trained call classes (ValueError naming the option when one is wrong)."""
+        return ConvertOptions(
+            missing_reward=self.missing_reward,
+            reward_weights=dict(self.reward_weights),
+            train_classes=self.train_call_classes,  # type: ignore[arg-type]  # names, parsed there
         )
 
     def sampler_spec(self) -> SamplerSpec:

@@ -109,7 +109,7 @@ def train_dpo(config: GRPOConfig, log: RunLog, *, resume: bool = False) -> RunSu
     run_dir = Path(config.run_dir)
     assert config.dpo.data is not None  # validated: mode = "dpo" needs it
     model_path = resolve_model_path(config.model)
-    options = ConvertOptions(missing_reward=config.missing_reward, reward_weights=dict(config.reward_weights))
+    options = config.convert_options()
     pairs = load_preference_pairs(config.dpo.data, load_tokenizer(model_path), options)
     schedule = TaskSchedule(pairs, config.batch_size, config.seed)
     settings = StepSettings(dpo_loss(config.dpo.beta), None, adam_params(config))

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from agl_bridge.convert import ConversionReport, Trajectory, convert_store
-from agl_bridge.convert.policy import ConvertOptions, weighted_return
+from agl_bridge.convert.policy import weighted_return
 from agl_bridge.proxy.server import ProxyServer
 from agl_bridge.store.base import Store
 from agl_bridge.store.location import describe_location, store_at
@@ -168,7 +168,7 @@ class FollowLoop:
         self.store = store
         self.log = log
         self.where = where
-        self.options = ConvertOptions(missing_reward=config.missing_reward, reward_weights=dict(config.reward_weights))
+        self.options = config.convert_options()
         self.summary = RunSummary(Path(config.run_dir), 0, 0.0, None, None)
 
     async def run(self, state: dict[str, Any] | None, version: int) -> RunSummary:

@@ -218,7 +218,7 @@ class GRPOTrainer:
         """The online GRPO loop (see the module docs), from step 0 or from the checkpoint `state`."""
         config = self.config
         settings = grpo_settings(config)
-        options = ConvertOptions(missing_reward=config.missing_reward, reward_weights=dict(config.reward_weights))
+        options = config.convert_options()
         # With a judge or a teacher the agent need not emit a reward: keep such attempts (not "drop" them).
         convert_options = (
             dataclasses.replace(options, missing_reward="zero")

@@ -32,17 +32,21 @@ from agl_bridge.train.shaping import add_rewards, shaping_rewards
 from agl_bridge.train.step import grpo_settings, run_client, train_step
 
 
-async def offline_groups(path: str, log: RunLog | None = None) -> list[list[Trajectory]]:
-    """The GRPO groups of recorded trajectories: from a store (converted now) or an exported file.
+async def offline_groups(path: str, options: ConvertOptions, log: RunLog | None = None) -> list[list[Trajectory]]:
+    """The GRPO groups of recorded trajectories: from a store (converted now, with the run's `options`)
+    or an exported file (converted when it was exported).
 
-    From a store, what could not be converted (and why) is said on the log's console (stderr).
+    From a store, what could not be converted (and why) and the calls by class are said on the
+    log's console (stderr).
     """
     if Path(path).suffix in (".sqlite", ".db", ".sqlite3"):
         report = ConversionReport()
         async with SQLiteStore(path) as store:
-            trajectories = [t async for t in convert_store(store, report=report)]
-        if log is not None and (left_out := report.left_out()):
-            log.say(f"{path}: {report.attempts_converted} attempts converted; {left_out}")
+            trajectories = [t async for t in convert_store(store, options=options, report=report)]
+        if log is not None:
+            for line in (report.left_out(), report.by_class_line()):
+                if line:
+                    log.say(f"{path}: {report.attempts_converted} attempts converted; {line}")
     else:
         trajectories = list(iter_trajectories(path))
     return list(group_trajectories(trajectories).values())
@@ -53,11 +57,11 @@ def train_offline(config: GRPOConfig, log: RunLog, *, resume: bool = False) -> R
     started = time.monotonic()
     run_dir = Path(config.run_dir)
     assert config.offline_data is not None  # GRPOTrainer comes here only with offline data
-    groups = asyncio.run(offline_groups(config.offline_data, log))
+    options = config.convert_options()
+    groups = asyncio.run(offline_groups(config.offline_data, options, log))
     if not groups:
         raise ConfigError(f"{config.offline_data} holds no trainable trajectories")
     if config.overlong_penalty is not None or config.repetition_penalty is not None:
-        options = ConvertOptions(reward_weights=dict(config.reward_weights))
         shaped = [
             (t, shaping_rewards(t, config.overlong_penalty, config.repetition_penalty))
             for group in groups
