@@ -68,7 +68,8 @@ class ChatRoute:
             chat_id = call_id(route, started)
             if not stream:
                 result = await service.complete(request, route, started=started)
-                payload = completion(model, request, result, token_texts(service.codec.tokenizer), completion_id=chat_id)
+                text_of = token_texts(service.codec.tokenizer)
+                payload = completion(model, request, result, text_of, completion_id=chat_id)
                 data = payload.model_dump_json(exclude_unset=True).encode()
                 headers = [*_JSON_HEADERS, (b"content-length", str(len(data)).encode())]
                 await send({"type": "http.response.start", "status": 200, "headers": headers})

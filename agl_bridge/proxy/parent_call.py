@@ -39,10 +39,8 @@ async def resolve_parent(store: Store, route: RolloutRoute) -> str | None:
     if _SEQUENCE.fullmatch(declared):
         return str(int(declared))
     key = _call_key(declared)
-    if key is not None and route.rollout_id is not None and (key.rollout_id, key.attempt_id) == (
-        route.rollout_id,
-        route.attempt_id,
-    ):
+    same_attempt = key is not None and (key.rollout_id, key.attempt_id) == (route.rollout_id, route.attempt_id)
+    if key is not None and same_attempt and route.rollout_id is not None:
         try:
             call = await find_call(store, key)
         except StoreError as error:  # the call itself is still recorded, with the parent as sent

@@ -196,6 +196,5 @@ def ensure_schema(conn: Any, where: str, created_by: str) -> None:
 def _upgrade_from_2(conn: Any, created_by: str) -> None:
     """Version 2 → 3 inside the caller's transaction (the schema lock held): the declared class and parent."""
     conn.execute("ALTER TABLE llm_calls ADD COLUMN declared_class TEXT, ADD COLUMN declared_parent TEXT")
-    conn.execute(
-        f"UPDATE {VERSION_TABLE} SET version = %s, created_by = created_by || %s", (3, f"; upgraded to 3 by {created_by}")
-    )
+    upgraded = f"; upgraded to 3 by {created_by}"
+    conn.execute(f"UPDATE {VERSION_TABLE} SET version = %s, created_by = created_by || %s", (3, upgraded))

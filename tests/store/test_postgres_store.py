@@ -113,7 +113,8 @@ async def test_another_schema_version_or_foreign_tables_are_refused(postgres_dsn
     schema = postgres_dsn.rsplit("%3D", 1)[1]
     with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:
         conn.execute(f'UPDATE "{schema}".agl_schema_version SET version = 99, created_by = %s', ("agl_bridge 9.0",))
-    with pytest.raises(StoreSchemaError, match=f"schema version 99 but this agl_bridge expects version {SCHEMA_VERSION}.*newer"):
+    expected = f"schema version 99 but this agl_bridge expects version {SCHEMA_VERSION}.*newer"
+    with pytest.raises(StoreSchemaError, match=expected):
         await PostgresStore(postgres_dsn).open()
     foreign = postgres_server.create_schema("foreign_app")
     with psycopg.connect(foreign, autocommit=True) as conn:
