@@ -7,6 +7,10 @@ its middleware, auth, router, callbacks and success logging — cost about 8 ms 
 and served nothing the RL path needs; every other model, route and protocol bridge (Responses,
 Anthropic) still goes through LiteLLM (`gateway.Gateway` decides, from the body's `model`).
 
+Each answer's id is `responses.call_id` of the request's route and the call's recorded start time, as
+on every other path, so it names the recorded call (an agent can declare it as a later call's parent,
+`x-agl-parent-call`).
+
 Refusals are shaped by `errors`. A stream's first chunk is produced before its response starts,
 so a request that fails before any token is sampled gets a plain JSON error with its status; a
 failure after that ends the stream with an `error` event (the `openai` client raises it).
@@ -24,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 from agl_bridge.proxy.errors import api_error, error_body, logged, send_error
 from agl_bridge.proxy.openai_wire import ChunkWriter, completion, token_texts
 from agl_bridge.proxy.request import ChatRequest, RolloutRoute
+from agl_bridge.proxy.responses import call_id, unique_start
 from agl_bridge.proxy.service import ChatService
 from agl_bridge.proxy.sse import SSE_DONE, SSE_HEADERS, sse_data, stream_options
 
@@ -59,16 +64,21 @@ class ChatRoute:
         try:
             request = service.parse_request(body)
             stream, include_usage = stream_options(body)
+            started = unique_start()
+            chat_id = call_id(route, started)
             if not stream:
-                result = await service.complete(request, route)
-                payload = completion(model, request, result, token_texts(service.codec.tokenizer))
+                result = await service.complete(request, route, started=started)
+                text_of = token_texts(service.codec.tokenizer)
+                payload = completion(model, request, result, text_of, completion_id=chat_id)
                 data = payload.model_dump_json(exclude_unset=True).encode()
                 headers = [*_JSON_HEADERS, (b"content-length", str(len(data)).encode())]
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
                 await send({"type": "http.response.body", "body": data})
                 return
-            writer = ChunkWriter(model, request, token_texts(service.codec.tokenizer), include_usage=include_usage)
-            chunks = _chunks(service, request, route, writer)
+            writer = ChunkWriter(
+                model, request, token_texts(service.codec.tokenizer), include_usage=include_usage, completion_id=chat_id
+            )
+            chunks = _chunks(service, request, route, writer, started)
             first = await anext(chunks)  # failures before the first chunk get a JSON error with their status
         except Exception as exc:  # every refusal and failure is answered in OpenAI's shape
             await send_error(send, logged(api_error(exc), exc, scope))
@@ -78,9 +88,9 @@ class ChatRoute:
 
 
 async def _chunks(
-    service: ChatService, request: ChatRequest, route: RolloutRoute, writer: ChunkWriter
+    service: ChatService, request: ChatRequest, route: RolloutRoute, writer: ChunkWriter, started: float
 ) -> AsyncIterator[ChatCompletionChunk]:
-    async for item in service.stream(request, route):
+    async for item in service.stream(request, route, started=started):
         for chunk in writer.chunks(item):
             yield chunk
 

@@ -27,7 +27,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from agl_bridge import semconv
 from agl_bridge.proxy.errors import api_error, error_body
-from agl_bridge.proxy.request import RequestError, RolloutRoute, flag_field, or_default, route_of_headers
+from agl_bridge.proxy.request import (
+    RequestError,
+    RolloutRoute,
+    declared_class,
+    flag_field,
+    or_default,
+    route_of_headers,
+)
 from agl_bridge.proxy.service import ChatService, refuse_unhonoured
 from agl_bridge.proxy.sse import SSE_DONE, SSE_HEADERS, sse_data, stream_options
 from agl_bridge.sampler.base import (
@@ -57,6 +64,7 @@ def make_completions_router(service_for: Callable[[str], ChatService]) -> APIRou
         service = service_for(str(body.get("model", "")))
         record = semconv.HEADER_RECORDED_UPSTREAM not in request.headers
         route = route_of_headers(request.headers)
+        declared_class(route)  # a class that is not one of ours is refused before anything is sampled
         parsed = _parse(service, body)
         if not parsed.stream:
             return JSONResponse(await _complete(service, parsed, route, record=record))

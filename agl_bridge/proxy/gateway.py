@@ -55,7 +55,7 @@ from agl_bridge.proxy.errors import (
     send_error,
     with_word_codes,
 )
-from agl_bridge.proxy.request import RequestError, route_of_headers
+from agl_bridge.proxy.request import ROUTE_HEADERS, RequestError, route_of_headers
 from agl_bridge.sampler.affinity import sampling_affinity
 
 if TYPE_CHECKING:
@@ -80,9 +80,7 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 _ROLLOUT_HEADER = semconv.HEADER_ROLLOUT_ID.encode()
 _ATTEMPT_HEADER = semconv.HEADER_ATTEMPT_ID.encode()
-_ROUTE_HEADERS = frozenset(
-    h.encode() for h in (semconv.HEADER_ROLLOUT_ID, semconv.HEADER_ATTEMPT_ID, semconv.HEADER_AGENT_NAME)
-)
+_ROUTE_HEADERS = frozenset(h.encode() for h in ROUTE_HEADERS)
 _NOT_BLANK = re.compile(rb"[^ \t\r\n]")
 _ADMITTED = "agl.admitted"
 _NOT_PARSED = object()

@@ -93,8 +93,10 @@ def response_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def completion(model: str, request: ChatRequest, result: ChatResult, text_of: TokenText) -> ChatCompletion:
-    """The `ChatCompletion` answering `request`."""
+def completion(
+    model: str, request: ChatRequest, result: ChatResult, text_of: TokenText, *, completion_id: str | None = None
+) -> ChatCompletion:
+    """The `ChatCompletion` answering `request` (its id `completion_id`, else a fresh one)."""
     choices = []
     for choice in result.choices:
         message = ChatCompletionMessage(role="assistant", content=choice.message.content)
@@ -114,7 +116,7 @@ def completion(model: str, request: ChatRequest, result: ChatResult, text_of: To
             out.token_ids = list(choice.sequence.tokens)  # type: ignore[attr-defined]  # vLLM's extra field
         choices.append(out)
     response = ChatCompletion(
-        id=response_id(),
+        id=completion_id or response_id(),
         object="chat.completion",
         created=int(time.time()),
         model=model,
@@ -133,12 +135,20 @@ class ChunkWriter:
     alternatives are scored once sampling has ended, and every token's entry must carry them.
     """
 
-    def __init__(self, model: str, request: ChatRequest, text_of: TokenText, *, include_usage: bool) -> None:
+    def __init__(
+        self,
+        model: str,
+        request: ChatRequest,
+        text_of: TokenText,
+        *,
+        include_usage: bool,
+        completion_id: str | None = None,
+    ) -> None:
         self.model = model
         self.request = request
         self.text_of = text_of
         self.include_usage = include_usage
-        self.id = response_id()
+        self.id = completion_id or response_id()
         self.created = int(time.time())
         self._prompt_ids: list[int] | None = None
         self._held: dict[int, StreamDelta] = {}

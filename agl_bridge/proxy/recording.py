@@ -5,11 +5,15 @@ reading the response always gets a later store sequence than the call. The OTel 
 same data for users who export traces elsewhere, following the GenAI semantic conventions (name
 `chat {model}`, kind CLIENT, `gen_ai.*` attributes) plus our `agl.*` keys for what they lack
 (docs/telemetry.md); its attributes are only built when a real tracer provider records it.
+
+Every call carries what its request declared (`x-agl-call-class`, `x-agl-parent-call`): the class
+as checked before sampling, the parent resolved to an earlier call's sequence (`parent_call`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from collections.abc import Sequence
@@ -19,10 +23,20 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from agl_bridge import semconv
-from agl_bridge.proxy.request import REQUEST_TOKENS, ChatRequest, ChatResult, RolloutRoute
+from agl_bridge.proxy.parent_call import resolve_parent
+from agl_bridge.proxy.request import (
+    REQUEST_TOKENS,
+    ChatRequest,
+    ChatResult,
+    RequestError,
+    RolloutRoute,
+    declared_class,
+)
 from agl_bridge.sampler.base import SampledSequence, SampleResult
 from agl_bridge.store.base import Store
-from agl_bridge.types import LLMCall, Usage
+from agl_bridge.types import CallClass, LLMCall, Usage
+
+logger = logging.getLogger(__name__)
 
 
 class CallRecorder:
@@ -78,6 +92,7 @@ class CallRecorder:
     ) -> list[int]:
         """Choices of one request share one store sequence (told apart by choice_index)."""
         ended = time.time()
+        call_class, parent = declared_class(route), await resolve_parent(self.store, route)
         sequence = None
         if len(choices) > 1:
             sequence = await self.store.next_sequence(route.rollout_id, route.attempt_id)
@@ -101,6 +116,8 @@ class CallRecorder:
                 choice_index=index,
                 prefix_breaks=prefix_breaks,
                 usage=Usage(input_tokens=len(prompt_token_ids), output_tokens=len(sampled.tokens)),
+                declared_class=call_class,
+                declared_parent=parent,
             )
             for index, (sampled, text, finish_reason) in enumerate(choices)
         ]
@@ -123,7 +140,11 @@ class CallRecorder:
         ended: float | None,
         usage: Usage | None = None,
     ) -> int:
-        """Store a call to a model that returns text only (kept for export, never trained on)."""
+        """Store a call to a model that returns text only (kept for export, never trained on).
+
+        Such a call was answered already (by another model, through LiteLLM): a class it declared that
+        is not one of ours is left out with a warning instead of refusing anything.
+        """
         call = LLMCall(
             rollout_id=route.rollout_id,
             attempt_id=route.attempt_id,
@@ -136,6 +157,8 @@ class CallRecorder:
             started_at=started,
             ended_at=ended,
             usage=usage,
+            declared_class=_declared_class_or_none(route),
+            declared_parent=await resolve_parent(self.store, route),
         )
         return (await self._commit([call]))[0]
 
@@ -188,9 +211,19 @@ def span_attributes(call: LLMCall, request: ChatRequest | None = None) -> dict[s
         semconv.AGL_TOKEN_POLICY_VERSIONS: call.token_policy_versions or None,
         semconv.AGL_POLICY_VERSION: call.policy_version,
         semconv.AGL_PREFIX_BREAKS: json.dumps(call.prefix_breaks) if call.prefix_breaks else None,
+        semconv.AGL_CALL_CLASS: None if call.declared_class is None else call.declared_class.value,
+        semconv.AGL_CALL_PARENT: call.declared_parent,
     }
     attributes.update({key: value for key, value in optional.items() if value is not None})
     return attributes
+
+
+def _declared_class_or_none(route: RolloutRoute) -> CallClass | None:
+    try:
+        return declared_class(route)
+    except RequestError as error:
+        logger.warning("recording a text-only call without its declared class: %s", error.message)
+        return None
 
 
 def _request_attributes(request: ChatRequest) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from agl_bridge import semconv
 from agl_bridge.chat import AssistantMessage, PromptEncoding
 from agl_bridge.proxy.streaming import FinalPiece
 from agl_bridge.sampler.base import SampledSequence, SamplingParams
+from agl_bridge.types import CallClass
 
 
 class RequestError(ValueError):
@@ -67,16 +68,34 @@ REQUEST_TOKENS: ContextVar[RequestTokens | None] = ContextVar("agl_request_token
 
 @dataclass(frozen=True)
 class RolloutRoute:
-    """Which rollout attempt (and agent) a request belongs to; all None outside rollouts."""
+    """Which rollout attempt (and agent) a request belongs to, and what it declared about its call.
+
+    The ids are all None outside rollouts. `call_class` and `parent_call` are the request's
+    `x-agl-call-class` / `x-agl-parent-call` headers as sent (None when absent or blank): the class
+    is checked by `declared_class` before anything is sampled, the parent resolved to a store
+    sequence when the call is recorded (`agl_bridge.proxy.parent_call`).
+    """
 
     rollout_id: str | None = None
     attempt_id: str | None = None
     agent_name: str | None = None
+    call_class: str | None = None
+    parent_call: str | None = None
 
     @property
     def cache_key(self) -> tuple[str, str | None] | None:
         """Key of the rollout's token cache (None: calls outside rollouts share no cache)."""
         return None if self.rollout_id is None else (self.rollout_id, self.attempt_id)
+
+
+ROUTE_HEADERS = (
+    semconv.HEADER_ROLLOUT_ID,
+    semconv.HEADER_ATTEMPT_ID,
+    semconv.HEADER_AGENT_NAME,
+    semconv.HEADER_CALL_CLASS,
+    semconv.HEADER_PARENT_CALL,
+)
+"""The request headers `route_of_headers` reads (lower-case)."""
 
 
 def route_of_headers(headers: Mapping[str, str]) -> RolloutRoute:
@@ -85,7 +104,27 @@ def route_of_headers(headers: Mapping[str, str]) -> RolloutRoute:
         rollout_id=headers.get(semconv.HEADER_ROLLOUT_ID) or None,
         attempt_id=headers.get(semconv.HEADER_ATTEMPT_ID) or None,
         agent_name=headers.get(semconv.HEADER_AGENT_NAME) or None,
+        call_class=(headers.get(semconv.HEADER_CALL_CLASS) or "").strip() or None,
+        parent_call=(headers.get(semconv.HEADER_PARENT_CALL) or "").strip() or None,
     )
+
+
+_CALL_CLASSES = {member.value: member for member in CallClass}
+
+
+def declared_class(route: RolloutRoute) -> CallClass | None:
+    """The class the request declared for its call (header `x-agl-call-class`, any letter case), None when
+    it declared none; a 400 `RequestError` naming the header and the allowed values for any other word."""
+    if route.call_class is None:
+        return None
+    found = _CALL_CLASSES.get(route.call_class.lower())
+    if found is None:
+        raise RequestError(
+            f"{semconv.HEADER_CALL_CLASS} must be one of {', '.join(semconv.CALL_CLASSES)}, got "
+            f"{route.call_class!r:.100}; leave the header out to let the converter infer the call's class",
+            semconv.HEADER_CALL_CLASS,
+        )
+    return found
 
 
 def route_of(litellm_params: Mapping[str, Any] | None) -> RolloutRoute:

@@ -31,6 +31,7 @@ from agl_bridge.proxy.request import (
     ChoiceResult,
     RequestError,
     RolloutRoute,
+    declared_class,
     flag_field,
     or_default,
 )
@@ -173,6 +174,7 @@ class ChatService:
     async def complete(self, request: ChatRequest, route: RolloutRoute, *, started: float | None = None) -> ChatResult:
         """Sample all choices, record them durably, and return the result (`started`: the recorded start time)."""
         started = time.time() if started is None else started
+        declared_class(route)  # a class that is not one of ours is refused before anything is sampled
         await self._catch_up(request, route)
         prompt = await self._encode(request, route)
         try:
@@ -191,6 +193,7 @@ class ChatService:
         it is certain, so the deltas joined are exactly the final message content.
         """
         started = time.time() if started is None else started
+        declared_class(route)
         await self._catch_up(request, route)
         prompt = await self._encode(request, route)
         yield prompt
@@ -215,6 +218,7 @@ class ChatService:
     async def count_prompt_tokens(self, request: ChatRequest, route: RolloutRoute) -> int:
         """How many tokens the request's prompt is, encoded exactly as `complete` would encode it (nothing sampled
         or recorded)."""
+        declared_class(route)
         await self._catch_up(request, route)
         return len((await self._encode(request, route)).token_ids)
 

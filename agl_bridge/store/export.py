@@ -2,7 +2,9 @@
 
 One JSON object per line. Every line has a `kind`:
   - `"llm_call"`: every field of an `LLMCall` (its own kind is `call_kind`, "token" or "text"),
-    `usage` as `{"input_tokens", "output_tokens"}` or null;
+    `usage` as `{"input_tokens", "output_tokens"}` or null, `declared_class` (one of main, retry,
+    side, compaction, subagent) and `declared_parent` (a sequence as text, or the raw value sent)
+    as the agent declared them, null when it declared nothing;
   - `"reward"`: every field of a `Reward`.
 Records made outside any rollout have null `rollout_id`/`attempt_id`.
 
@@ -99,6 +101,8 @@ def call_record(call: LLMCall) -> dict[str, Any]:
         "usage": None if usage is None else {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
         "span_id": call.span_id,
         "trace_id": call.trace_id,
+        "declared_class": None if call.declared_class is None else call.declared_class.value,
+        "declared_parent": call.declared_parent,
     }
 
 

@@ -12,7 +12,9 @@ Differences, and why:
     models do sample; it round-trips exactly. In the other free text (error messages, tracebacks,
     names) a NUL is stored as U+FFFD (`postgres_writer.pg_text`).
 The schema is created in one transaction under an advisory lock, so several proxies starting on
-an empty database at once create it once.
+an empty database at once create it once. A version 2 store (PostgreSQL stores began at version 2)
+is upgraded to 3 in place under the same lock (`_upgrade_from_2`: the calls' declared class and
+parent columns, NULL for the calls already there).
 """
 
 from __future__ import annotations
@@ -99,7 +101,9 @@ CREATE TABLE llm_calls (
     span_id TEXT,
     trace_id TEXT,
     input_tokens INTEGER,
-    output_tokens INTEGER
+    output_tokens INTEGER,
+    declared_class TEXT,
+    declared_parent TEXT
 );
 CREATE UNIQUE INDEX llm_calls_order ON llm_calls(rollout_key, attempt_key, sequence, choice_index);
 CREATE UNIQUE INDEX llm_calls_span ON llm_calls(span_id) WHERE span_id IS NOT NULL;
@@ -176,6 +180,9 @@ def ensure_schema(conn: Any, where: str, created_by: str) -> None:
         found, by = row
         if found == SCHEMA_VERSION:
             return
+        if found == 2:
+            _upgrade_from_2(conn, created_by)
+            return
         advice = (
             f"it was written by an older agl_bridge ({by}); read or export it with that version, or use a new database"
             if found < SCHEMA_VERSION
@@ -184,3 +191,10 @@ def ensure_schema(conn: Any, where: str, created_by: str) -> None:
         raise SchemaMismatch(
             f"store {where} has schema version {found} but this agl_bridge expects version {SCHEMA_VERSION}; {advice}"
         )
+
+
+def _upgrade_from_2(conn: Any, created_by: str) -> None:
+    """Version 2 → 3 inside the caller's transaction (the schema lock held): the declared class and parent."""
+    conn.execute("ALTER TABLE llm_calls ADD COLUMN declared_class TEXT, ADD COLUMN declared_parent TEXT")
+    upgraded = f"; upgraded to 3 by {created_by}"
+    conn.execute(f"UPDATE {VERSION_TABLE} SET version = %s, created_by = created_by || %s", (3, upgraded))

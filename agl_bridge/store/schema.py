@@ -19,8 +19,11 @@ Layout notes:
     outside harness may name every rollout's attempt "0". `sequences.touched_at` is when a record
     last arrived under that key: the idle timeout reads it, at no extra statement per record.
   - `consumed_step` marks the rollouts a follow trainer took (partial index: the few not yet taken).
+  - `llm_calls.declared_class` / `declared_parent` hold what the agent declared for the call
+    (headers `x-agl-call-class` / `x-agl-parent-call`; NULL when it declared nothing) (version 3).
 
-Version 1 files are upgraded in place when a writer opens them (`_upgrade_from_1`).
+Older files are upgraded in place when a writer opens them: version 1 through 2 (`_upgrade_from_1`),
+version 2 to 3 (`_upgrade_from_2`).
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ import time
 
 from agl_bridge.store.rollout_rules import register_key
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bump when the layout changes; files of another version are refused with StoreSchemaError."""
+
+UPGRADABLE_VERSIONS = (1, 2)
+"""Older versions a writer upgrades in place on open (read-only openers refuse them, saying so)."""
 
 VERSION_TABLE = "agl_schema_version"
 
@@ -109,7 +115,9 @@ CREATE TABLE llm_calls (
     span_id TEXT,
     trace_id TEXT,
     input_tokens INTEGER,
-    output_tokens INTEGER
+    output_tokens INTEGER,
+    declared_class TEXT,
+    declared_parent TEXT
 );
 CREATE UNIQUE INDEX llm_calls_order ON llm_calls(rollout_key, attempt_key, sequence, choice_index);
 CREATE UNIQUE INDEX llm_calls_span ON llm_calls(span_id) WHERE span_id IS NOT NULL;
@@ -173,8 +181,10 @@ def ensure_schema(conn: sqlite3.Connection, path: str, created_by: str) -> None:
                 f"INSERT INTO {VERSION_TABLE} (version, created_at, created_by) VALUES (?, ?, ?)",
                 (SCHEMA_VERSION, time.time(), created_by),
             )
-        elif _stored_version(conn, tables) == 1:
-            _upgrade_from_1(conn, created_by)
+        elif (found := _stored_version(conn, tables)) in UPGRADABLE_VERSIONS:
+            if found == 1:
+                _upgrade_from_1(conn, created_by)
+            _upgrade_from_2(conn, created_by)
         else:
             _check_version(conn, path, tables)
         conn.execute("COMMIT")
@@ -217,6 +227,22 @@ def _upgrade_from_1(conn: sqlite3.Connection, created_by: str) -> None:
     )
 
 
+_ADDED_IN_3 = (
+    "ALTER TABLE llm_calls ADD COLUMN declared_class TEXT",
+    "ALTER TABLE llm_calls ADD COLUMN declared_parent TEXT",
+)
+"""Version 2 → 3: the call's declared class and parent (NULL for every call recorded before: nothing declared)."""
+
+
+def _upgrade_from_2(conn: sqlite3.Connection, created_by: str) -> None:
+    """Version 2 → 3 inside the caller's transaction: the declared class and parent of a call."""
+    for statement in _ADDED_IN_3:
+        conn.execute(statement)
+    conn.execute(
+        f"UPDATE {VERSION_TABLE} SET version = ?, created_by = created_by || ?", (3, f"; upgraded to 3 by {created_by}")
+    )
+
+
 def check_schema(conn: sqlite3.Connection, path: str) -> None:
     """Check the version of an existing store without writing (for read-only openers); SchemaMismatch if not ours."""
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -236,7 +262,12 @@ def _check_version(conn: sqlite3.Connection, path: str, tables: set[str]) -> Non
     found, created_by = row
     if found == SCHEMA_VERSION:
         return
-    if found < SCHEMA_VERSION:
+    if found in UPGRADABLE_VERSIONS:
+        advice = (
+            f"it was written by an older agl_bridge ({created_by}) and is upgraded in place when opened for "
+            f"writing: run `agl-bridge inspect --store {path}` once, then retry"
+        )
+    elif found < SCHEMA_VERSION:
         advice = (
             f"it was written by an older agl_bridge ({created_by}); read or export it with that "
             "version, or start a new store file"

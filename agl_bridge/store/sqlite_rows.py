@@ -23,6 +23,7 @@ from agl_bridge.store.codec import (
 from agl_bridge.types import (
     Attempt,
     AttemptStatus,
+    CallClass,
     LLMCall,
     Reward,
     Rollout,
@@ -60,6 +61,8 @@ LLM_CALL_COLUMNS: tuple[str, ...] = (
     "trace_id",
     "input_tokens",
     "output_tokens",
+    "declared_class",
+    "declared_parent",
 )
 LLM_CALL_SELECT = ", ".join(LLM_CALL_COLUMNS)
 
@@ -150,10 +153,19 @@ def encode_llm_call_rest(call: LLMCall) -> tuple[Any, ...]:
         call.trace_id,
         None if usage is None else usage.input_tokens,
         None if usage is None else usage.output_tokens,
+        None if call.declared_class is None else call.declared_class.value,
+        call.declared_parent,
     )
 
 
 _EMPTY_JSON_LIST = "[]"
+_CALL_CLASSES = {member.value: member for member in CallClass}
+
+
+def decode_call_class(stored: str | None) -> CallClass | None:
+    """A stored declared class; None for none, and for a word this version does not know (a newer
+    writer's class is read as undeclared, so the converter infers it, rather than failing the read)."""
+    return None if stored is None else _CALL_CLASSES.get(stored)
 
 
 def decode_llm_call(row: Sequence[Any]) -> LLMCall:
@@ -185,6 +197,8 @@ def decode_llm_call(row: Sequence[Any]) -> LLMCall:
         trace_id,
         input_tokens,
         output_tokens,
+        declared_class,
+        declared_parent,
     ) = row
     return LLMCall(
         rollout_id=rollout_key or None,
@@ -208,6 +222,8 @@ def decode_llm_call(row: Sequence[Any]) -> LLMCall:
         span_id=span_id,
         trace_id=trace_id,
         usage=None if input_tokens is None else Usage(input_tokens=input_tokens, output_tokens=output_tokens),
+        declared_class=decode_call_class(declared_class),
+        declared_parent=declared_parent or None,
     )
 
 
@@ -215,7 +231,7 @@ _TOKEN_CALL_COLUMNS = frozenset(
     {
         "rollout_key", "attempt_key", "sequence", "choice_index", "kind", "model", "prompt_token_ids",
         "response_token_ids", "response_logprobs", "token_policy_versions", "policy_version",
-        "finish_reason", "agent_name", "prefix_breaks", "span_id",
+        "finish_reason", "agent_name", "prefix_breaks", "span_id", "declared_class", "declared_parent",
     }
 )  # fmt: skip
 TOKEN_CALL_SELECT = ", ".join(c if c in _TOKEN_CALL_COLUMNS else "NULL" for c in LLM_CALL_COLUMNS)
@@ -228,11 +244,12 @@ def decode_token_call(row: Sequence[Any]) -> LLMCall:
     The token fields are `array.array`s ("i" ids and versions, "d" logprobs): sequences that
     index, slice, compare and concatenate like lists (an array never equals a list, though), made
     without a Python object per element; messages are empty and the text, timing, trace and usage
-    fields None.
+    fields None. The declared class and parent are kept: the converter's rollout graph reads them.
     """
     (
         rollout_key, attempt_key, sequence, choice_index, kind, model, prompt_ids, response_ids, logprobs,
         versions, policy_version, _, _, finish_reason, agent_name, _, _, prefix_breaks, span_id, _, _, _,
+        declared_class, declared_parent,
     ) = row  # fmt: skip
     return LLMCall(
         rollout_id=rollout_key or None,
@@ -250,6 +267,8 @@ def decode_token_call(row: Sequence[Any]) -> LLMCall:
         agent_name=agent_name,
         prefix_breaks=[] if prefix_breaks == _EMPTY_JSON_LIST else decode_json(prefix_breaks),
         span_id=span_id,
+        declared_class=decode_call_class(declared_class),
+        declared_parent=declared_parent or None,
     )
 
 

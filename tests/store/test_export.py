@@ -22,7 +22,7 @@ from agl_bridge.store.export import (
     export_calls,
     record_from_json,
 )
-from agl_bridge.types import AttemptStatus, LLMCall, Reward, Usage
+from agl_bridge.types import AttemptStatus, CallClass, LLMCall, Reward, Usage
 
 TRICKY_LOGPROBS = [-0.0, 0.0, -5e-324, -1 / 3, -math.pi, -1.7976931348623157e308, -math.inf, -2.220446049250313e-16]
 
@@ -30,6 +30,7 @@ CALL_FIELDS = {
     "kind", "rollout_id", "attempt_id", "sequence", "model", "call_kind", "prompt_token_ids", "response_token_ids",
     "response_logprobs", "token_policy_versions", "policy_version", "messages", "response_text", "finish_reason",
     "choice_index", "agent_name", "prefix_breaks", "started_at", "ended_at", "usage", "span_id", "trace_id",
+    "declared_class", "declared_parent",
 }  # fmt: skip
 REWARD_FIELDS = {"kind", "rollout_id", "attempt_id", "name", "value", "sequence", "timestamp", "span_id", "trace_id"}
 
@@ -85,12 +86,15 @@ async def populate(store: SQLiteStore, make_call: Callable[..., LLMCall]) -> lis
         span_id="00f067aa0ba902b7",
         trace_id="4bf92f3577b34da6a3ce929d0e0e4736",
         usage=Usage(input_tokens=3, output_tokens=8),
+        declared_class=CallClass.SUBAGENT,
+        declared_parent="0",
     )
     # A second choice of the same completion: same sequence, next choice_index.
     await call(rollout_id="ro-a", attempt_id=second.attempt_id, sequence=written[-1].sequence, choice_index=1)
     await reward(rollout_id="ro-a", attempt_id=second.attempt_id, value=1 / 3, name="correct", timestamp=11.25)
     await reward(rollout_id="ro-a", attempt_id=second.attempt_id, value=-5e-324, name="format", timestamp=11.5)
-    await call(rollout_id="ro-a", attempt_id=second.attempt_id, response_logprobs=[-1e-300, -2.5])
+    await call(rollout_id="ro-a", attempt_id=second.attempt_id, response_logprobs=[-1e-300, -2.5],
+               declared_class=CallClass.RETRY, declared_parent="resp_unresolved")  # fmt: skip
     b_attempt = await store.start_attempt("ro-b")
     await call(rollout_id="ro-b", attempt_id=b_attempt.attempt_id, kind="text", prompt_token_ids=[],
                response_token_ids=[], response_logprobs=[], response_text="six")  # fmt: skip
@@ -112,6 +116,8 @@ async def test_every_field_of_every_record_round_trips_exactly(
     assert len(lines) == 12
     for line in lines:
         assert set(line) == (CALL_FIELDS if line["kind"] == "llm_call" else REWARD_FIELDS)
+    declared = [(line["declared_class"], line["declared_parent"]) for line in lines if line.get("declared_class")]
+    assert sorted(declared) == [("retry", "resp_unresolved"), ("subagent", "0")]  # the class as its word
     rebuilt = [record_from_json(line) for line in lines]
     assert sorted(rebuilt, key=store_order) == sorted(written, key=store_order)  # dataclass equality: every field
     for got, sent in zip(sorted(rebuilt, key=store_order), sorted(written, key=store_order), strict=True):

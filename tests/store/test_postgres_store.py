@@ -18,9 +18,16 @@ import psycopg
 import pytest
 from shared_helpers import REPO, collect, free_port
 
-from agl_bridge.store import PostgresStore, SQLiteStore, StoreSchemaError, StoreUnavailableError, store_at
+from agl_bridge.store import (
+    SCHEMA_VERSION,
+    PostgresStore,
+    SQLiteStore,
+    StoreSchemaError,
+    StoreUnavailableError,
+    store_at,
+)
 from agl_bridge.testing.postgres import PostgresUnavailable, start_postgres
-from agl_bridge.types import AttemptStatus, LLMCall, Reward, RolloutOrigin
+from agl_bridge.types import AttemptStatus, CallClass, LLMCall, Reward, RolloutOrigin
 
 
 def call(rollout_id: str, attempt_id: str, n: int = 0) -> LLMCall:
@@ -106,13 +113,35 @@ async def test_another_schema_version_or_foreign_tables_are_refused(postgres_dsn
     schema = postgres_dsn.rsplit("%3D", 1)[1]
     with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:
         conn.execute(f'UPDATE "{schema}".agl_schema_version SET version = 99, created_by = %s', ("agl_bridge 9.0",))
-    with pytest.raises(StoreSchemaError, match="schema version 99 but this agl_bridge expects version 2.*newer"):
+    expected = f"schema version 99 but this agl_bridge expects version {SCHEMA_VERSION}.*newer"
+    with pytest.raises(StoreSchemaError, match=expected):
         await PostgresStore(postgres_dsn).open()
     foreign = postgres_server.create_schema("foreign_app")
     with psycopg.connect(foreign, autocommit=True) as conn:
         conn.execute("CREATE TABLE invoices (id int)")
     with pytest.raises(StoreSchemaError, match=r"holds tables \(invoices\) but no agl_bridge store"):
         await PostgresStore(foreign).open()
+
+
+async def test_a_version_2_store_is_upgraded_in_place_keeping_its_calls(postgres_dsn: str, postgres_server) -> None:  # type: ignore[no-untyped-def]
+    async with PostgresStore(postgres_dsn) as store:
+        await store.add_llm_call(call("ro", "0", 1))
+    schema = postgres_dsn.rsplit("%3D", 1)[1]
+    with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:  # back to version 2's layout
+        conn.execute(f'ALTER TABLE "{schema}".llm_calls DROP COLUMN declared_class, DROP COLUMN declared_parent')
+        conn.execute(f'UPDATE "{schema}".agl_schema_version SET version = 2')
+    async with PostgresStore(postgres_dsn) as store:
+        (kept,) = [c async for c in store.iter_llm_calls("ro", "0")]
+        assert (kept.prompt_token_ids, kept.declared_class, kept.declared_parent) == ([1, 2, 1], None, None)
+        upgraded = dataclasses.replace(call("ro", "0", 2), declared_class=CallClass.RETRY, declared_parent="0")
+        await store.add_llm_call(upgraded)
+        assert [(c.declared_class, c.declared_parent) async for c in store.iter_llm_calls("ro", "0")] == [
+            (None, None),
+            (CallClass.RETRY, "0"),
+        ]
+    with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:
+        version, created_by = conn.execute(f'SELECT version, created_by FROM "{schema}".agl_schema_version').fetchone()
+    assert version == SCHEMA_VERSION == 3 and "upgraded to 3" in created_by
 
 
 async def test_the_converter_walk_matches_sqlite_record_for_record(postgres_dsn: str, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ public `Store` API is used here.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -23,7 +24,7 @@ from agl_bridge.store import (
     Store,
     TaskConflictError,
 )
-from agl_bridge.types import AttemptStatus, LLMCall, Reward, RolloutOrigin, RolloutStatus, RolloutTask
+from agl_bridge.types import AttemptStatus, CallClass, LLMCall, Reward, RolloutOrigin, RolloutStatus, RolloutTask
 
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], Any]] = {
     "sqlite": lambda request, folder: SQLiteStore(folder / "contract.db"),
@@ -99,6 +100,33 @@ async def test_keys_first_written_in_one_batch_register_as_if_one_by_one(backend
     assert [a.attempt_id for a in await backend.list_attempts("mine")] == [mine.attempt_id]
     assert [a.attempt_id for a in await backend.list_attempts("done")] == ["0"]
     assert (rollouts["done"].status, rollouts["done"].attempts) == (RolloutStatus.SUCCEEDED, 1)
+
+
+async def test_a_declared_class_and_parent_round_trip_through_every_reader(backend: Store) -> None:
+    declared = [
+        dataclasses.replace(call("ext", "0"), declared_class=CallClass.MAIN),
+        dataclasses.replace(call("ext", "0"), declared_class=CallClass.SIDE, declared_parent="0"),
+        dataclasses.replace(call("ext", "0"), declared_parent="chatcmpl-unknown"),  # unresolved: kept raw
+        call("ext", "0"),  # nothing declared
+    ]
+    await backend.add_llm_calls(declared[:2])
+    for one in declared[2:]:
+        await backend.add_llm_call(one)
+    expected = [
+        (CallClass.MAIN, None),
+        (CallClass.SIDE, "0"),
+        (None, "chatcmpl-unknown"),
+        (None, None),
+    ]
+    assert [(c.declared_class, c.declared_parent) async for c in backend.iter_llm_calls("ext", "0")] == expected
+    assert [(c.declared_class, c.declared_parent) async for c in backend.iter_all_calls()] == expected
+    for tokens_only in (False, True):  # the converter reads tokens-only rows
+        (records,) = [r async for r in backend.iter_rollout_records(["ext"], tokens_only=tokens_only)]
+        (attempt,) = records.attempts
+        assert [(c.declared_class, c.declared_parent) for c in attempt.calls] == expected
+        assert all(type(c.declared_class) is CallClass for c in attempt.calls if c.declared_class is not None)
+    walked = [r async for r in backend.iter_rollout_records(tokens_only=True)]  # the whole-store walk
+    assert [(c.declared_class, c.declared_parent) for r in walked for a in r.attempts for c in a.calls] == expected
 
 
 async def test_start_names_the_task_and_refuses_another(backend: Store) -> None:

@@ -12,7 +12,8 @@ import pytest
 
 from agl_bridge.store import SCHEMA_VERSION, SQLiteStore, StoreSchemaError
 from agl_bridge.store.schema import VERSION_TABLE
-from agl_bridge.types import LLMCall
+from agl_bridge.types import CallClass, LLMCall
+from agl_bridge.viewer.db import ReadOnlyStore
 
 
 def set_version(path: Path, version: int) -> None:
@@ -93,7 +94,15 @@ CREATE TABLE attempts (attempt_id TEXT PRIMARY KEY, rollout_id TEXT NOT NULL REF
     ended_at REAL, UNIQUE (rollout_id, number));
 CREATE TABLE sequences (rollout_key TEXT NOT NULL, attempt_key TEXT NOT NULL, next INTEGER NOT NULL,
     PRIMARY KEY (rollout_key, attempt_key)) WITHOUT ROWID;
+CREATE TABLE llm_calls (id INTEGER PRIMARY KEY, rollout_key TEXT NOT NULL, attempt_key TEXT NOT NULL,
+    sequence INTEGER NOT NULL, choice_index INTEGER NOT NULL, kind TEXT NOT NULL, model TEXT NOT NULL,
+    prompt_token_ids BLOB NOT NULL, response_token_ids BLOB NOT NULL, response_logprobs BLOB NOT NULL,
+    token_policy_versions BLOB NOT NULL, policy_version INTEGER, messages TEXT NOT NULL, response_text TEXT,
+    finish_reason TEXT, agent_name TEXT, started_at REAL, ended_at REAL, prefix_breaks TEXT NOT NULL, span_id TEXT,
+    trace_id TEXT, input_tokens INTEGER, output_tokens INTEGER);
 INSERT INTO agl_schema_version VALUES (1, 0, 'agl_bridge 0.1');
+INSERT INTO llm_calls VALUES (1, 'ro-1', 'at-1', 0, 0, 'text', 'judge', x'', x'', x'', x'', NULL, '[]', 'ok',
+    'stop', NULL, 1.0, 2.0, '[]', NULL, NULL, NULL, NULL);
 INSERT INTO rollouts VALUES ('ro-1', 'g', 'succeeded', '{"q": 1}', '{}', 1, 1.0, 2.0);
 INSERT INTO attempts VALUES ('at-1', 'ro-1', 1, 'succeeded', NULL, NULL, 1.0, 2.0);
 INSERT INTO sequences VALUES ('ro-1', 'at-1', 2), ('ext', '0', 1), ('', '', 5);
@@ -112,8 +121,38 @@ async def test_a_version_1_store_is_upgraded_in_place_and_its_unregistered_rollo
             {"q": 1},
         )
         assert [a.attempt_id for a in await store.list_attempts("ro-1")] == ["at-1"]
+        (kept_call,) = [c async for c in store.iter_llm_calls("ro-1")]
+        assert (kept_call.model, kept_call.response_text, kept_call.declared_class) == ("judge", "ok", None)
         registered = await store.get_rollout("ext")  # it had records but no row: visible now
         assert registered is not None and (registered.origin.value, registered.attempts) == ("external", 1)
     with sqlite3.connect(path) as conn:
         version, created_by = conn.execute(f"SELECT version, created_by FROM {VERSION_TABLE}").fetchone()
-    assert version == SCHEMA_VERSION == 2 and "upgraded to 2" in created_by
+    assert version == SCHEMA_VERSION == 3 and "upgraded to 2" in created_by and "upgraded to 3" in created_by
+
+
+async def test_a_version_2_store_is_upgraded_in_place_keeping_its_calls(
+    tmp_path: Path, make_call: Callable[..., LLMCall]
+) -> None:
+    path = tmp_path / "v2.db"
+    async with SQLiteStore(path) as store:
+        await store.add_llm_call(make_call())
+        await store.add_llm_call(make_call(prompt_token_ids=[7, 8]))
+    with sqlite3.connect(path) as conn:  # back to version 2's layout: the two columns were added last
+        conn.execute("ALTER TABLE llm_calls DROP COLUMN declared_class")
+        conn.execute("ALTER TABLE llm_calls DROP COLUMN declared_parent")
+        conn.execute(f"UPDATE {VERSION_TABLE} SET version = 2, created_by = 'agl_bridge 0.2'")
+    with pytest.raises(StoreSchemaError, match=r"upgraded in place.*agl-bridge inspect --store"):
+        ReadOnlyStore(path)  # a read-only opener cannot upgrade it; it says how
+    async with SQLiteStore(path) as store:
+        kept = [c async for c in store.iter_llm_calls("ro-1", "at-1")]
+        assert [(c.prompt_token_ids, c.messages, c.declared_class, c.declared_parent) for c in kept] == [
+            ([1, 2, 3], [{"role": "user", "content": "hi"}], None, None),
+            ([7, 8], [{"role": "user", "content": "hi"}], None, None),
+        ]
+        await store.add_llm_call(make_call(declared_class=CallClass.COMPACTION, declared_parent="1"))
+        (last,) = [c async for c in store.iter_llm_calls("ro-1", "at-1")][2:]
+        assert (last.sequence, last.declared_class, last.declared_parent) == (2, CallClass.COMPACTION, "1")
+    with sqlite3.connect(path) as conn:
+        version, created_by = conn.execute(f"SELECT version, created_by FROM {VERSION_TABLE}").fetchone()
+    assert version == 3 and created_by.startswith("agl_bridge 0.2; upgraded to 3 by ")
+    ReadOnlyStore(path).close()  # and now it opens read-only too
