@@ -292,11 +292,17 @@ class ConversionReport:
             "rewards_seen": self.rewards_seen,
             "rewards_ignored": self.rewards_ignored,
             "missing_reward_zeroed": self.missing_reward_zeroed,
+            **self.audit(),
+            "trained_tokens": self.trained_tokens,
+            "trained_sampled_tokens": self.trained_sampled_tokens,
+        }
+
+    def audit(self) -> dict[str, Any]:
+        """The provenance audit as a training step logs it: calls, trained tokens and exclusions by class."""
+        return {
             "calls_by_class": dict(in_class_order(self.calls_by_class)),
             "trained_tokens_by_class": dict(in_class_order(self.trained_tokens_by_class)),
             "excluded_by_class": dict(in_class_order(self.excluded_by_class)),
-            "trained_tokens": self.trained_tokens,
-            "trained_sampled_tokens": self.trained_sampled_tokens,
             "sampled_share": self.sampled_share,
             "graph_warnings": self.graph_warnings,
         }
@@ -317,4 +323,21 @@ class ConversionReport:
 
 def in_class_order(counts: dict[str, int]) -> list[tuple[str, int]]:
     """`counts` in `CALL_CLASSES` order (reports list classes the same way everywhere)."""
-    return [(name, counts[name]) for name in semconv.CALL_CLASSES if name in counts]
+    return [(name, counts[name]) for name in (*semconv.CALL_CLASSES, "unclassified") if name in counts]
+
+
+def combined_audit(reports: list[ConversionReport]) -> dict[str, Any]:
+    """One provenance audit over several conversions (the follow trainer converts a group at a time)."""
+    total = ConversionReport()
+    for report in reports:
+        for mine, theirs in (
+            (total.calls_by_class, report.calls_by_class),
+            (total.trained_tokens_by_class, report.trained_tokens_by_class),
+            (total.excluded_by_class, report.excluded_by_class),
+        ):
+            for name, n in theirs.items():
+                mine[name] = mine.get(name, 0) + n
+        total.trained_tokens += report.trained_tokens
+        total.trained_sampled_tokens += report.trained_sampled_tokens
+        total.graph_warnings += report.graph_warnings
+    return total.audit()

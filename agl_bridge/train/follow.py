@@ -41,6 +41,7 @@ from typing import Any
 
 from agl_bridge.convert import ConversionReport, Trajectory, convert_store
 from agl_bridge.convert.policy import weighted_return
+from agl_bridge.convert.records import combined_audit
 from agl_bridge.proxy.server import ProxyServer
 from agl_bridge.store.base import Store
 from agl_bridge.store.location import describe_location, store_at
@@ -299,6 +300,7 @@ class FollowLoop:
             "trajectories": len(trajectories),
             "dropped": sum(dropped.values()),
             "dropped_by_reason": dropped,
+            **combined_audit([group.report for group in batch.groups]),
             "groups": advantages.groups,
             "groups_zero_variance": advantages.groups_dropped_zero_variance,
             "groups_stale_dropped": batch.stale_groups,

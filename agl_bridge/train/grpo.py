@@ -279,6 +279,8 @@ class GRPOTrainer:
                     t
                     async for t in convert_store(store, rollout_ids=rollout_ids, options=convert_options, report=report)
                 ]
+                if report.graph_warnings:
+                    log.say(f"step {step + 1}: {report.by_class_line()}")
                 trajectories, rewarding = await self._trainer_rewards(trajectories, store, options, judge)
                 # advantages, datums
                 if teacher is not None:
@@ -316,6 +318,7 @@ class GRPOTrainer:
                     "dropped": report.attempts_dropped,
                     "dropped_by_reason": dict(report.dropped),
                     "segments": report.segments,
+                    **report.audit(),
                     "groups": batch.groups,
                     "groups_zero_variance": batch.groups_dropped_zero_variance,
                     **rewarding,
