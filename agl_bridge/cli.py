@@ -756,6 +756,7 @@ def inspect_command(
     """Summarise a store's rollouts, or one rollout in detail (views: `agl_bridge.store.inspect`)."""
     from rich.console import Console
 
+    from agl_bridge.convert.graph import label_calls
     from agl_bridge.store.inspect import render_overview, render_rollout_detail, rollout_detail, store_overview
 
     bound = limit or None
@@ -765,7 +766,7 @@ def inspect_command(
             if rollout is None:
                 overview = await store_overview(opened, limit=bound, name=str(store))
                 return overview.to_json(), render_overview(overview)
-            detail = await rollout_detail(opened, rollout, limit=bound)
+            detail = await rollout_detail(opened, rollout, limit=bound, classify=label_calls)
             return detail.to_json(), render_rollout_detail(detail)
 
     try:

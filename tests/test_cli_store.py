@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agl_bridge.cli import app
+from agl_bridge.convert.graph import label_calls
 from agl_bridge.store import SQLiteStore
 from agl_bridge.store.export import record_from_json
 from agl_bridge.store.inspect import rollout_detail, store_overview
@@ -145,11 +146,12 @@ def test_inspect_rollout_shows_calls_and_rewards_in_sequence(store_path: Path) -
     assert result.exit_code == 0, result.output
     rows = [line.split() for line in result.stdout.splitlines() if line.split()[1:2] in (["call"], ["reward"])]
     assert rows == [
-        ["0", "call", "tiny", "3", "2", "stop", "2", "0", "four"],
-        ["1", "reward", "correct", "–", "–", "–", "–", "–", "0.75"],
-        ["2", "call", "tiny", "3", "2", "stop", "2", "0", "done"],
+        ["0", "call", "retry", "tiny", "3", "2", "stop", "2", "0", "four"],
+        ["1", "reward", "–", "correct", "–", "–", "–", "–", "–", "0.75"],
+        ["2", "call", "main", "tiny", "3", "2", "stop", "2", "0", "done"],
     ]
-    assert "succeeded" in result.stdout and "2 calls, 1 reward, reward sum 0.75" in result.stdout
+    assert "succeeded" in result.stdout
+    assert "2 calls, 1 reward, reward sum 0.75; classes: retry 1, main 1" in result.stdout
 
 
 def test_inspect_rollout_json_is_the_library_detail(store_path: Path) -> None:
@@ -158,11 +160,18 @@ def test_inspect_rollout_json_is_the_library_detail(store_path: Path) -> None:
 
     async def expected() -> dict:
         async with SQLiteStore(store_path) as store:
-            return (await rollout_detail(store, "ro-1", limit=100)).to_json()
+            return (await rollout_detail(store, "ro-1", limit=100, classify=label_calls)).to_json()
 
     document = json.loads(result.stdout)
     assert document == asyncio.run(expected())
-    assert [r["kind"] for r in document["attempts"][0]["records"]] == ["llm_call", "reward", "llm_call"]
+    records = document["attempts"][0]["records"]
+    assert [r["kind"] for r in records] == ["llm_call", "reward", "llm_call"]
+    assert [(r.get("call_class"), r.get("parent_sequence")) for r in records] == [
+        ("retry", None),
+        (None, None),
+        ("main", None),
+    ]
+    assert records[0]["class_reason"].startswith("retry: nothing continued its answer")
 
 
 # --- bad input ----------------------------------------------------------------------------------------

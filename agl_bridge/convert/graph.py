@@ -204,6 +204,20 @@ def _one_conversation(calls: list[LLMCall], graph: RolloutGraph) -> bool:
     return True
 
 
+def label_calls(calls: Sequence[LLMCall]) -> dict[CallKey, tuple[str, int | None, str]]:
+    """Each call's class name, parent sequence and reason, by (sequence, choice): what `inspect` shows."""
+    graph = build_graph(calls)
+    labels = {
+        key: (node.call_class.value, None if node.parent is None else node.parent[0], node.reason)
+        for key, node in graph.nodes.items()
+    }
+    for warning in graph.warnings:
+        for key, (name, parent, reason) in labels.items():
+            if f"sequence {key[0]} " in warning:
+                labels[key] = (name, parent, f"{reason}; warning: {warning}")
+    return labels
+
+
 def _token_calls(calls: Sequence[LLMCall]) -> list[LLMCall]:
     return [call for call in calls if call.kind == semconv.CALL_KIND_TOKEN]
 

@@ -5,7 +5,9 @@ Two views:
     not launch —, group, attempts, calls, rewards, reward sum, creation time) plus the number of
     calls and rewards recorded outside any rollout. Every rollout the proxy saw has a row: its
     first call or reward registered it;
-  - `rollout_detail`: one rollout's attempts, each with its calls and rewards in sequence order.
+  - `rollout_detail`: one rollout's attempts, each with its calls and rewards in sequence order;
+    given a `CallClassifier` (the CLI passes the converter's rollout graph: the store knows nothing
+    of it), each call's class, parent call and why.
 
 Only the public `Store` API is used, so this works for any backend. Counts come from streaming the
 records of each rollout shown (bounded memory, but time grows with the records of those rollouts);
@@ -16,6 +18,7 @@ counts and sums still cover every record).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -33,6 +36,12 @@ from agl_bridge.types import Attempt, LLMCall, Reward, Rollout
 
 PREVIEW_CHARS = 60
 """How much of a call's response text the detail view shows."""
+
+CallLabel = tuple[str, int | None, str]
+"""What a classifier says of a call: its class, its parent call's sequence (None for a root), why."""
+
+CallClassifier = Callable[[list[LLMCall]], Mapping[tuple[int, int], CallLabel]]
+"""Labels one attempt's calls (all of them, in sequence order) by (sequence, choice_index)."""
 
 
 @dataclass(slots=True)
@@ -81,6 +90,9 @@ class CallLine:
     response_preview: str | None
     prefix_breaks: int
     kind: str = LLM_CALL_KIND
+    call_class: str | None = None
+    parent_sequence: int | None = None
+    class_reason: str | None = None
 
     @classmethod
     def of(cls, call: LLMCall) -> CallLine:
@@ -235,17 +247,21 @@ async def store_overview(store: Store, *, limit: int | None = None, name: str = 
     )
 
 
-async def rollout_detail(store: Store, rollout_id: str, *, limit: int | None = None) -> RolloutDetail:
+async def rollout_detail(
+    store: Store, rollout_id: str, *, limit: int | None = None, classify: CallClassifier | None = None
+) -> RolloutDetail:
     """One rollout's attempts with their calls and rewards interleaved in sequence order.
 
-    `limit` bounds the records listed per attempt. Raises RolloutNotFoundError when the store has
-    neither the rollout nor any record for it.
+    `limit` bounds the records listed per attempt. With `classify`, each attempt's calls (all of
+    them, listed or not) are labelled with their class and parent. Raises RolloutNotFoundError when
+    the store has neither the rollout nor any record for it.
     """
     rollout = await store.get_rollout(rollout_id)
     known = {attempt.attempt_id: AttemptDetail.of(attempt) for attempt in await store.list_attempts(rollout_id)}
     others: dict[str | None, AttemptDetail] = {}  # records outside any attempt, or of unregistered attempts
     calls = rewards = 0
     reward_sum: float | None = None  # summed in store order, as the overview does, so both agree exactly
+    attempt_calls: dict[str, list[LLMCall]] = {}  # what `classify` needs: every call of each attempt
     records = merge_in_sequence(store.iter_llm_calls(rollout_id), store.iter_rewards(rollout_id))
     async with closing_stream(records) as stream:
         async for record in stream:
@@ -255,12 +271,20 @@ async def rollout_detail(store: Store, rollout_id: str, *, limit: int | None = N
             group.add(record, limit)
             if isinstance(record, LLMCall):
                 calls += 1
+                if classify is not None and record.attempt_id is not None:
+                    attempt_calls.setdefault(record.attempt_id, []).append(record)
             else:
                 rewards += 1
                 reward_sum = (reward_sum or 0.0) + record.value
     if rollout is None and not others:
         raise RolloutNotFoundError(rollout_id)
     attempts = ([others.pop(None)] if None in others else []) + list(known.values()) + list(others.values())
+    if classify is not None:
+        for attempt in attempts:
+            labels = classify(attempt_calls.get(attempt.attempt_id or "", []))
+            for line in attempt.records:
+                if isinstance(line, CallLine) and (label := labels.get((line.sequence, line.choice_index))):
+                    line.call_class, line.parent_sequence, line.class_reason = label
     return RolloutDetail(
         rollout_id=rollout_id,
         rollout=None if rollout is None else _row_of(rollout, calls, rewards, reward_sum),
@@ -352,6 +376,7 @@ def _attempt_view(attempt: AttemptDetail) -> RenderableType:
     # Short headers (explained in the legend) so the response keeps some width in 80 columns.
     table.add_column("seq", justify="right", no_wrap=True)
     table.add_column("record", no_wrap=True)
+    table.add_column("class", no_wrap=True)
     table.add_column("model/name", overflow="fold")
     for header in ("in", "out", "finish", "policy", "breaks"):
         table.add_column(header, justify="left" if header == "finish" else "right", no_wrap=True)
@@ -365,6 +390,7 @@ def _attempt_view(attempt: AttemptDetail) -> RenderableType:
             table.add_row(
                 _cell(line.sequence),
                 _cell(label),
+                _cell(_class_cell(line)),
                 _cell(line.model),
                 _cell(line.prompt_tokens if tokens else None),
                 _cell(line.response_tokens if tokens else None),
@@ -375,14 +401,34 @@ def _attempt_view(attempt: AttemptDetail) -> RenderableType:
             )
         else:
             blanks = [_cell(None) for _ in range(5)]
-            table.add_row(_cell(line.sequence), _cell("reward"), _cell(line.name), *blanks, _cell(_number(line.value)))
+            table.add_row(
+                _cell(line.sequence),
+                _cell("reward"),
+                _cell(None),
+                _cell(line.name),
+                *blanks,
+                _cell(_number(line.value)),
+            )
     summary = (
         f"{_plural(attempt.calls, 'call')}, {_plural(attempt.rewards, 'reward')}, "
         f"reward sum {_number(attempt.reward_sum)}"
     )
+    classes: dict[str, int] = {}
+    for line in attempt.records:
+        if isinstance(line, CallLine) and line.call_class is not None:
+            classes[line.call_class] = classes.get(line.call_class, 0) + 1
+    if classes:
+        summary += "; classes: " + ", ".join(f"{name} {n}" for name, n in classes.items())
     if attempt.truncated:
         summary += f"; only the first {len(attempt.records)} records are listed: raise --limit (0 shows all)"
     return Group(_one_line(_attempt_title(attempt)), table, Text(summary))
+
+
+def _class_cell(line: CallLine) -> str | None:
+    """`main ←3`: the call's class and, when it has one, its parent call's sequence."""
+    if line.call_class is None:
+        return None
+    return line.call_class if line.parent_sequence is None else f"{line.call_class} ←{line.parent_sequence}"
 
 
 def render_rollout_detail(detail: RolloutDetail) -> RenderableType:
