@@ -15,6 +15,12 @@ token itself, or the marker follows it in T when it stopped by length), is splic
 sampled ids; the text between splices is tokenized normally. Cutting at len(P_i) reproduces the
 earlier prompt's ids exactly (that prompt was the tokenization of P_i, with the same earlier
 splices), which is what makes the extension exact.
+
+A response that ended on another stop token than the template's end of turn (the model sampled
+`<|endoftext|>` where the template closes turns with `<|im_end|>`) is spliced in whole, stop token
+included, and the template's marker follows it as an observation token: the prompt then holds one
+more token than the template's own rendering, and still extends prompt + response exactly (the
+trainer trains on the ids that were sampled, and the next turn merges instead of splitting).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from agl_bridge.chat.token_cache import CachedResponse, TokenCache, decode_exact
 from agl_bridge.chat.tool_calls import ToolCall, ToolCallError, parse_tool_calls
 
 FinishReason = Literal["stop", "length", "tool_calls"]
-PrefixBreakKind = Literal["rendered_differently", "not_prefix_stable", "stop_token_differs", "template_error"]
+PrefixBreakKind = Literal["rendered_differently", "not_prefix_stable", "template_error"]
 
 # End-of-turn tokens of common chat formats; those present in a tokenizer's added vocabulary are
 # stop tokens in addition to its eos_token (Qwen models end turns with <|im_end|> but may also emit
@@ -312,19 +318,6 @@ class ChatCodec:
             ids.extend(chosen.token_ids)
             cursor = start + chosen.text_length
             token_cache.touch(chosen.entry)
-            if not chosen.exact:
-                stop_id = chosen.entry.token_ids[-1]
-                breaks.append(
-                    PrefixBreak(
-                        message_index=i,
-                        kind="stop_token_differs",
-                        reason=(
-                            f"the response ended with {self._marker_by_id[stop_id]!r} (id {stop_id}) but the chat "
-                            f"template ends the turn with {self._marker_at(text, cursor)!r}; the sampled content "
-                            "ids were kept and the stop token replaced by the template's"
-                        ),
-                    )
-                )
         ids.extend(self._tokenize(text[cursor:]))
         return PromptEncoding(token_ids=ids, text=text, reused=reused, prefix_breaks=breaks)
 
@@ -346,7 +339,10 @@ class ChatCodec:
                     and self._marker_at(text, start + len(core))
                     and decode_exact(self.tokenizer, entry.token_ids[:-1]) == core
                 ):
-                    candidates.append(_Candidate(entry, entry.token_ids[:-1], len(core), exact=False))
+                    # The turn ended on another stop token (`<|endoftext|>`) than the template's end of turn:
+                    # keep every sampled id, stop token included, and let the template's marker follow as
+                    # an observation token, so the prompt still extends prompt + response exactly.
+                    candidates.append(_Candidate(entry, entry.token_ids, len(core), exact=False))
         return candidates
 
     def _choose(self, candidates: list[_Candidate], ids: list[int], piece: list[int]) -> _Candidate:

@@ -136,6 +136,11 @@ def check_multi_turn(calls: Sequence[LLMCall], decode: Callable[[Sequence[int]],
         if later.prompt_token_ids[: len(expected)] == expected:
             continue
         kinds = {b["kind"] if isinstance(b, dict) else str(b) for b in later.prefix_breaks}
+        content = expected[:-1]
+        assert later.prompt_token_ids[: len(content)] != content, (
+            f"call {later.sequence} keeps call {earlier.sequence}'s sampled ids but not its stop token "
+            f"{expected[-1]}: the next prompt must extend prompt + response, stop token included"
+        )
         if not kinds and not decode(later.prompt_token_ids).startswith(decode(expected)):
             edited_by_agent.append(later.sequence)
             continue
@@ -144,9 +149,6 @@ def check_multi_turn(calls: Sequence[LLMCall], decode: Callable[[Sequence[int]],
             f"(first difference at token {_first_difference(later.prompt_token_ids, expected)}) and its record "
             "names no prefix break"
         )
-        if kinds == {"stop_token_differs"}:  # the content ids are kept, only the end-of-turn id is the template's
-            content = expected[:-1]
-            assert later.prompt_token_ids[: len(content)] == content, f"call {later.sequence}: content ids not kept"
     return edited_by_agent
 
 

@@ -59,12 +59,11 @@ def test_a_reply_the_agent_changed_before_sending_it_back_is_reported_not_failed
     assert check_multi_turn([first, edited], _decode) == [1]
 
 
-def test_a_different_stop_token_must_keep_the_content_ids() -> None:
+def test_a_turn_ended_by_another_stop_token_must_still_extend() -> None:
     first = _call(0, [1, 2, 3], [7, 8, 0])  # stopped on <|endoftext|>; the template ends turns with id 2
-    breaks = [{"kind": "stop_token_differs"}]
-    check_multi_turn([first, _call(1, [1, 2, 3, 7, 8, 2, 5], [9], prefix_breaks=breaks)], _decode)
-    with pytest.raises(AssertionError, match="content ids not kept"):
-        check_multi_turn([first, _call(1, [1, 2, 3, 7, 9, 2, 5], [9], prefix_breaks=breaks)], _decode)
+    check_multi_turn([first, _call(1, [1, 2, 3, 7, 8, 0, 2, 5], [9])], _decode)  # kept, then the template's id
+    with pytest.raises(AssertionError, match="keeps call 0's sampled ids but not its stop token 0"):
+        check_multi_turn([first, _call(1, [1, 2, 3, 7, 8, 2, 5], [9])], _decode)  # the stop token dropped
 
 
 def test_no_continued_turn_fails() -> None:

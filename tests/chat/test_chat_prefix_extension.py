@@ -180,8 +180,8 @@ def test_reformatted_tool_json_is_reported(codec: ChatCodec, tiny_tokenizer, tok
     assert following.token_ids == codec.encode_prompt(messages).token_ids
 
 
-def test_other_stop_token_keeps_content_ids(codec: ChatCodec, tiny_tokenizer, tokens) -> None:
-    """A turn ended by <|endoftext|> is closed by <|im_end|> in the template: content ids kept, break recorded."""
+def test_other_stop_token_is_kept_so_the_next_prompt_extends(codec: ChatCodec, tiny_tokenizer, tokens) -> None:
+    """A turn ended by <|endoftext|>: every sampled id is kept, the template's <|im_end|> follows, no break."""
     rng = random.Random(3)
     response = tokens.noncanonical("Done, café closed.", rng) + [tokens.endoftext]
     cache = TokenCache(tiny_tokenizer)
@@ -190,10 +190,10 @@ def test_other_stop_token_keeps_content_ids(codec: ChatCodec, tiny_tokenizer, to
     cache.remember(response)
     messages += [_roundtrip(codec.decode_response(response, "stop").to_openai()), {"role": "user", "content": "ok"}]
     following = codec.encode_prompt(messages, token_cache=cache)
-    assert following.token_ids[: len(prompt) + len(response) - 1] == prompt + response[:-1]
-    assert following.token_ids[len(prompt) + len(response) - 1] == tokens.im_end
-    assert [(b.message_index, b.kind) for b in following.prefix_breaks] == [(1, "stop_token_differs")]
-    assert following.reused[0].num_tokens == len(response) - 1
+    assert following.token_ids[: len(prompt) + len(response)] == prompt + response
+    assert following.token_ids[len(prompt) + len(response)] == tokens.im_end
+    assert following.prefix_breaks == []
+    assert following.reused[0].num_tokens == len(response)
 
 
 def test_same_text_different_ids_picks_the_response_to_this_prompt(codec: ChatCodec, tiny_tokenizer, tokens) -> None:
