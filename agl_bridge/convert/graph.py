@@ -18,7 +18,9 @@ The rules, in order (docs/trajectories.md, "What trains", has the picture):
   1. **Declared** — a class sent with the request (`x-agl-call-class`) wins; a declared parent
      (`x-agl-parent-call`) that names an earlier call of the attempt is that call's parent edge
      (an unknown or later one is warned about and the parent inferred).
-  2. **Continuation** — each call's parent is the latest earlier call it continues.
+  2. **Continuation** — each call's parent is the latest earlier call it continues; failing that,
+     for a call whose record names a prefix break (the proxy saw it re-send a reply of ours that
+     the template re-rendered), the earlier call whose prompt shares the most leading tokens.
   3. **retry** — a call nothing continues whose exact prompt a later request sent again: the
      client threw the answer away and asked again.
   4. **main** — the tree of the latest call whose tree has more than one call; when every tree is
@@ -122,7 +124,7 @@ class _Call:
         self.prompt: array[int] = _ids(call.prompt_token_ids)
         self.response: array[int] = _ids(call.response_token_ids)
         self.parent: _Call | None = None
-        self.via = ""  # how the parent edge was found: "tokens", "resent", "declared"
+        self.via = ""  # how the parent edge was found: "tokens", "resent", "break", "declared"
         # The sequence of its tree's root, once trees are known (a number, not the node: a node
         # pointing at itself would be a reference cycle keeping the stored calls alive until a GC).
         self.tree = self.sequence
@@ -252,7 +254,29 @@ def _link_parents(ordered: list[_Call], by_key: dict[CallKey, _Call], graph: Rol
                 if earlier.choice == 0 and _strict_prefix(earlier.prompt, node.prompt):
                     node.parent, node.via = earlier, "resent"
                     break
+            else:
+                if node.call.prefix_breaks:
+                    node.parent = _closest_earlier(node, earlier_calls)
+                    node.via = "break" if node.parent is not None else ""
     return first_choice
+
+
+def _closest_earlier(node: _Call, earlier_calls: list[_Call]) -> _Call | None:
+    """The earlier request whose prompt shares the most leading tokens with `node`'s (ties: the later).
+
+    For a call whose record names a prefix break: the proxy saw it re-send a reply of ours that the
+    template rendered differently (a template that is not prefix-stable re-renders earlier turns
+    too), so it continues that conversation even though no token check can say so.
+    """
+    best: _Call | None = None
+    best_shared = 0
+    for earlier in earlier_calls:
+        if earlier.choice:
+            continue
+        shared = _common_prefix(earlier.prompt, node.prompt)
+        if shared and shared >= best_shared:
+            best, best_shared = earlier, shared
+    return best
 
 
 def _declared_parent(node: _Call, by_key: dict[CallKey, _Call], graph: RolloutGraph) -> _Call | None:

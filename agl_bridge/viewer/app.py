@@ -58,7 +58,14 @@ from agl_bridge.viewer.slow_imports import trainer_group_advantages
 from agl_bridge.viewer.steps import EVAL, TRAIN, step_of, train_group_range
 from agl_bridge.viewer.timeline import timeline_page
 from agl_bridge.viewer.tokens import TokenTexts
-from agl_bridge.viewer.trained import attempt_training, group_key, train_group_ids, train_groups
+from agl_bridge.viewer.trained import (
+    CALL_CLASSES,
+    attempt_training,
+    call_labels,
+    group_key,
+    train_group_ids,
+    train_groups,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -371,10 +378,9 @@ def _rollout_context(
     if attempt is not None:
         row.advantage = group.describe((rollout_id, attempt.attempt_id))
     timeline = timeline_page(conn, rollout_id, attempt_id, after) if view == "timeline" else None
+    labels = call_labels(group, rollout_id, attempt_id) if view == "timeline" else {}
     training = (
-        attempt_training(group, attempt, viewer.settings, viewer.texts, full=full)
-        if view == "tokens" and attempt is not None
-        else None
+        attempt_training(group, attempt, viewer.texts, full=full) if view == "tokens" and attempt is not None else None
     )
     return {
         "rollout": rollout,
@@ -386,6 +392,8 @@ def _rollout_context(
         "step": step_of(rollout.group_id),
         "view": view,
         "timeline": timeline,
+        "call_labels": labels,
+        "call_classes": CALL_CLASSES,
         "counts": record_counts(conn, rollout_id, attempt_id),
         "same_task": same_task(conn, rollout),
         "training": training,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agl_bridge.convert import ConvertOptions
+from agl_bridge.convert import DEFAULT_TRAIN_CLASSES, ConvertOptions
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
@@ -60,6 +60,7 @@ def load_run_settings(run_dir: Path | None) -> RunSettings:
             reward_weights=config.get("reward_weights") or {},
             # A run with "error" stopped at the first attempt without a reward; pages show such an attempt as dropped.
             missing_reward="drop" if missing_reward == "error" else missing_reward,
+            train_classes=config.get("train_call_classes") or DEFAULT_TRAIN_CLASSES,
         )
     except ValueError as exc:
         raise RunConfigError(f"{path}: {exc}") from None

@@ -19,13 +19,20 @@ from dataclasses import dataclass, field
 
 from markupsafe import Markup, escape
 
+from agl_bridge import semconv
 from agl_bridge.convert import ConversionReport, DropReason, Trajectory, TrajectorySegment, convert_rollout_attempts
-from agl_bridge.convert.policy import skip_reason
+from agl_bridge.convert.graph import label_calls
 from agl_bridge.types import Attempt, Rollout, RolloutRecords
 from agl_bridge.viewer.records import marks, rollout_records
 from agl_bridge.viewer.run_dir import RunSettings
 from agl_bridge.viewer.slow_imports import trainer_group_advantages
 from agl_bridge.viewer.tokens import TokenTexts
+
+CallLabel = tuple[str, int | None, str]
+"""A call's class, parent call sequence (None for a root) and why."""
+
+CALL_CLASSES = semconv.CALL_CLASSES
+"""The classes a page's filter offers, in report order."""
 
 CONTEXT_SHOWN = 256
 """Context tokens shown before a segment's first trained token unless the page asks for all."""
@@ -175,7 +182,8 @@ class AttemptTraining:
     group: GroupTraining
     outcome: Trajectory | DropReason | None
     segments: list[SegmentView] = field(default_factory=list)
-    untrained_calls: list[tuple[int, int, str]] = field(default_factory=list)
+    untrained_calls: list[tuple[int, int, str, str | None]] = field(default_factory=list)
+    """(sequence, choice, why, class or None for a text call) of each call that trains in no segment."""
     token_text: str = "ready"
 
     @property
@@ -202,7 +210,7 @@ class AttemptTraining:
 
 
 def attempt_training(
-    group: GroupTraining, attempt: Attempt, settings: RunSettings, texts: TokenTexts, *, full: bool = False
+    group: GroupTraining, attempt: Attempt, texts: TokenTexts, *, full: bool = False
 ) -> AttemptTraining:
     """The trained view of one attempt of a rollout of `group`."""
     key = (attempt.rollout_id, attempt.attempt_id)
@@ -213,11 +221,23 @@ def attempt_training(
         records = group.records[attempt.rollout_id]
         bundle = next(b for b in records.attempts if b.attempt.attempt_id == attempt.attempt_id)
         for call in bundle.calls:
-            reason = skip_reason(call, settings.options)
-            if reason is not None:
-                view.untrained_calls.append((call.sequence or 0, call.choice_index, reason))
+            if call.kind != semconv.CALL_KIND_TOKEN:
+                view.untrained_calls.append((call.sequence or 0, call.choice_index, "text only", None))
+        for excluded in trajectory.excluded_calls:
+            untrained = (excluded.sequence, excluded.choice_index, excluded.reason, excluded.call_class.value)
+            view.untrained_calls.append(untrained)
+        view.untrained_calls.sort()
     view.token_text = texts.status
     return view
+
+
+def call_labels(group: GroupTraining, rollout_id: str, attempt_id: str | None) -> dict[tuple[int, int], CallLabel]:
+    """Each token call of one attempt: its class, parent sequence and why (the converter's rollout graph)."""
+    records = group.records.get(rollout_id)
+    if records is None or attempt_id is None:
+        return {}
+    bundle = next((b for b in records.attempts if b.attempt.attempt_id == attempt_id), None)
+    return {} if bundle is None else label_calls(bundle.calls)
 
 
 def _segment_view(index: int, segment: TrajectorySegment, texts: TokenTexts, full: bool) -> SegmentView:

@@ -193,3 +193,14 @@ def test_a_lone_call_is_main_and_text_calls_are_outside_the_graph() -> None:
     graph = build_graph([call(1, [*SYSTEM, *GEN], reply(10)), text_call(2)])
     assert list(graph.nodes) == [(1, 0)] and graph.nodes[(1, 0)].call_class is CallClass.MAIN
     assert build_graph([]).nodes == {}
+
+
+def test_a_recorded_prefix_break_links_a_re_rendered_turn_to_the_closest_earlier_prompt() -> None:
+    # A template that is not prefix-stable re-renders the earlier turns too: no token check links the
+    # turns, but the proxy recorded that the request re-sent a reply of ours.
+    first = call(1, [*SYSTEM, 1, *GEN], reply(10))
+    title = call(2, [*TITLE_SYSTEM, 1, *GEN], reply(7))
+    broken = [{"message_index": 2, "kind": "not_prefix_stable", "reason": "re-rendered"}]
+    second = call(3, [*SYSTEM[:20], 55, 56, *GEN, 10, *END, 2, *GEN], reply(11), prefix_breaks=broken)
+    assert classes([first, title, second]) == {1: "main", 2: "side", 3: "main"}
+    assert parents([first, title, second])[3] == 1

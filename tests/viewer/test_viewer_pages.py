@@ -132,7 +132,7 @@ def test_token_view_explains_attempts_that_did_not_train(client: TestClient) -> 
     running = client.get("/rollouts/ro-c1?view=tokens").text
     assert f"Not trained — {DropReason.NOT_FINISHED.value.replace('_', ' ')}." in running
     solo = client.get("/rollouts/ro-solo?view=tokens").text
-    assert "#1 (text)" in solo  # the text-only call, named as not trained
+    assert re.search(r"<li>#1 <span class=\"dim\">text only</span></li>", solo)  # named as not trained
     assert "0 (alone in its group)" in client.get("/rollouts/ro-solo").text
 
 

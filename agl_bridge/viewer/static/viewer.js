@@ -236,11 +236,20 @@ function tokenTip(token) {
   return lines.join("\n");
 }
 
+// Show only the calls and sequences of one class of the rollout graph ("" shows every class).
+function applyClassFilter(chosen) {
+  for (const select of document.querySelectorAll("select.class-filter")) select.value = chosen;
+  for (const item of document.querySelectorAll("[data-call-class]")) {
+    item.classList.toggle("filtered-out", chosen !== "" && item.dataset.callClass !== chosen);
+  }
+}
+
 document.addEventListener("change", (event) => {
   if (event.target.matches("select.colour-mode")) {
     colourMode = event.target.value;
     applyColours();
   }
+  if (event.target.matches("select.class-filter")) applyClassFilter(event.target.value);
 });
 
 document.addEventListener("mouseover", (event) => {
