@@ -137,6 +137,10 @@ AGL_CALL_PARENT: Final = "agl.call.parent"
 """The call a request declared as its parent (header `x-agl-parent-call`): the store sequence of a
 call of the same attempt, as decimal text, or the raw value when the proxy could not resolve it."""
 
+AGL_CALL_CARRIES: Final = "agl.call.carries"
+"""Int array: store sequences of earlier calls of the attempt whose answer text this request sent back
+inside a message of another role (a summary, a sub-agent's answer as a tool result); absent when none."""
+
 CALL_CLASS_MAIN: Final = "main"
 """A turn of the chain that ends the attempt (the conversation the reward is about)."""
 

@@ -187,6 +187,10 @@ class LLMCall:
     (headers `x-agl-call-class` / `x-agl-parent-call`): the class wins over the converter's
     inference; the parent is an earlier call's store sequence as decimal text when the proxy
     resolved it, else the raw value sent (an unknown parent, reported by the converter).
+    `carries` are the store sequences of earlier calls of the attempt whose answer text this
+    request sent back inside a message of another role (a summary in a user message, a
+    sub-agent's answer as a tool result): the proxy finds them by text, which survives the
+    answer being tokenized anew; the converter's rollout graph reads them.
     """
 
     rollout_id: str | None = None
@@ -212,6 +216,7 @@ class LLMCall:
     usage: Usage | None = None
     declared_class: CallClass | None = None
     declared_parent: str | None = None
+    carries: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check_attribution(self.rollout_id, self.attempt_id, self.sequence)

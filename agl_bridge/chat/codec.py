@@ -39,6 +39,12 @@ from agl_bridge.chat.tool_calls import ToolCall, ToolCallError, parse_tool_calls
 FinishReason = Literal["stop", "length", "tool_calls"]
 PrefixBreakKind = Literal["rendered_differently", "not_prefix_stable", "template_error"]
 
+MIN_CARRIED_CHARS = 16
+"""An answer shorter than this is not looked for in later messages (short texts recur by chance)."""
+
+CARRY_SCAN_ENTRIES = 32
+"""How many of a rollout's newest remembered answers a request is searched for (bounds the cost)."""
+
 # End-of-turn tokens of common chat formats; those present in a tokenizer's added vocabulary are
 # stop tokens in addition to its eos_token (Qwen models end turns with <|im_end|> but may also emit
 # <|endoftext|>, and their generation configs list both).
@@ -108,6 +114,8 @@ class PromptEncoding:
     text: str
     reused: list[ReusedSpan] = field(default_factory=list)
     prefix_breaks: list[PrefixBreak] = field(default_factory=list)
+    carries: list[int] = field(default_factory=list)
+    """Store sequences of earlier calls whose answer text a non-assistant message carries (`carried_calls`)."""
 
 
 @dataclass
@@ -267,7 +275,27 @@ class ChatCodec:
         if not entries:
             return PromptEncoding(token_ids=self._tokenize(text), text=text)
         assert token_cache is not None  # entries are only non-empty with a cache
-        return self._encode_with_cache(text, messages, template_msgs, tools, kwargs, token_cache, entries)
+        encoded = self._encode_with_cache(text, messages, template_msgs, tools, kwargs, token_cache, entries)
+        encoded.carries = self.carried_calls(messages, entries)
+        return encoded
+
+    def carried_calls(self, messages: list[dict[str, Any]], entries: list[CachedResponse]) -> list[int]:
+        """The recorded calls among `entries` (the newest `CARRY_SCAN_ENTRIES`) whose answer text appears
+        inside a message of another role than assistant: a summary sent back as a user message, a
+        sub-agent's answer as a tool result. Found by text, which survives the answer being tokenized
+        anew (its sampled ids rarely do); answers shorter than `MIN_CARRIED_CHARS` are not looked for."""
+        pieces = [_content_text(msg.get("content")) for msg in messages if msg["role"] != "assistant"]
+        haystack = "\x00".join(piece for piece in pieces if piece)
+        if not haystack:
+            return []
+        found = set()
+        for entry in entries[-CARRY_SCAN_ENTRIES:]:
+            if entry.call is None:
+                continue
+            answer = self._strip_end_marker(entry.token_ids, entry.text).strip()
+            if len(answer) >= MIN_CARRIED_CHARS and answer in haystack:
+                found.add(entry.call[0])
+        return sorted(found)
 
     def knows_every_response(self, messages: list[dict[str, Any]], token_cache: TokenCache) -> bool:
         """Whether every assistant message of `messages` (normalised) is a response `token_cache` remembers.
@@ -670,3 +698,12 @@ def _first_difference(a: str, b: str, a_name: str = "expected prefix", b_name: s
         f"they differ at character {k}: {a_name} has {a[lo : k + _SNIPPET_CONTEXT]!r}, "
         f"{b_name} has {b[lo : k + _SNIPPET_CONTEXT]!r}"
     )
+
+
+def _content_text(content: Any) -> str:
+    """The text of a message's content: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(part.get("text") or "" for part in content if isinstance(part, dict))
+    return ""

@@ -38,13 +38,15 @@ class CachedResponse:
     """One sampled response: its exact ids, the text they decode to, and the prompt it answered.
 
     `prompt_digest` (None when the prompt was not given) tells apart two responses that decode to
-    the same text with different ids; `seq` orders responses by when they were remembered.
+    the same text with different ids; `seq` orders responses by when they were remembered; `call`
+    is the (store sequence, choice) of the call that sampled it, when known.
     """
 
     token_ids: tuple[int, ...]
     text: str
     prompt_digest: bytes | None
     seq: int
+    call: tuple[int, int] | None = None
 
 
 class TokenCache:
@@ -67,13 +69,18 @@ class TokenCache:
         self._lock = threading.Lock()
 
     def remember(
-        self, response_token_ids: Sequence[int], *, prompt_token_ids: Sequence[int] | None = None
+        self,
+        response_token_ids: Sequence[int],
+        *,
+        prompt_token_ids: Sequence[int] | None = None,
+        call: tuple[int, int] | None = None,
     ) -> CachedResponse | None:
         """Store a sampled response (ending with its stop token, if it had one) for later prompts.
 
         Pass `prompt_token_ids` (the prompt the response was sampled for) whenever it is known: it
-        makes the choice exact when two responses decode to the same text. Returns the entry, or
-        None for an empty response or one longer than `max_tokens`.
+        makes the choice exact when two responses decode to the same text; `call` (the recorded
+        call's store sequence and choice) lets later requests say which answers they carry. Returns
+        the entry, or None for an empty response or one longer than `max_tokens`.
         """
         ids = tuple(int(t) for t in response_token_ids)
         if not ids or len(ids) > self.max_tokens:
@@ -85,7 +92,7 @@ class TokenCache:
             if old is not None:
                 self._num_tokens -= len(ids)
             self._seq += 1
-            entry = CachedResponse(token_ids=ids, text=text, prompt_digest=digest, seq=self._seq)
+            entry = CachedResponse(token_ids=ids, text=text, prompt_digest=digest, seq=self._seq, call=call)
             self._entries[ids] = entry
             self._num_tokens += len(ids)
             while len(self._entries) > self.max_entries or self._num_tokens > self.max_tokens:

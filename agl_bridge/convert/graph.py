@@ -8,11 +8,15 @@ each call was from the recorded token structure alone (never from known agents' 
 as a pure function of the attempt's calls. The converter (`convert_attempt`) then trains only the
 classes `ConvertOptions.train_classes` names; inspect and the viewer show the same graph.
 
-Terms. P(c) is a call's prompt ids, R(c) its sampled ids. A chat prompt ends with the template's
-generation prompt, so a later prompt that starts with all of P(p) goes on with an assistant
-message there. `c` *continues* `p` when P(c) starts with P(p) + R(p) (the merge rule), or, failing
-that, with all of P(p) (p's reply re-rendered by the template or edited by the agent). A *tree* is a
-call with everything that continues it, transitively; a *lone* call is a tree of one.
+Terms. P(c) is a call's prompt ids, R(c) its sampled ids. A later request *carries* `c`'s answer
+when the proxy found its text inside a message of another role (`LLMCall.carries`: a summary sent
+as a user message, a sub-agent's answer as a tool result; text survives the answer being tokenized
+anew, sampled ids rarely do), or when R(c), less its stop token, appears in its prompt. A chat
+prompt ends with the template's generation prompt, so a later prompt that starts with all of P(p)
+goes on with an assistant message there. `c` *continues* `p` when P(c) starts with P(p) + R(p)
+(the merge rule), or, failing that, with all of P(p) (p's reply re-rendered by the template or
+edited by the agent). A *tree* is a call with everything that continues it, transitively; a *lone*
+call is a tree of one.
 
 The rules, in order (docs/trajectories.md, "What trains", has the picture):
   1. **Declared** — a class sent with the request (`x-agl-call-class`) wins; a declared parent
@@ -21,8 +25,10 @@ The rules, in order (docs/trajectories.md, "What trains", has the picture):
   2. **Continuation** — each call's parent is the latest earlier call it continues; failing that,
      for a call whose record names a prefix break (the proxy saw it re-send a reply of ours that
      the template re-rendered), the earlier call whose prompt shares the most leading tokens.
-  3. **retry** — a call nothing continues whose exact prompt a later request sent again: the
-     client threw the answer away and asked again.
+  3. **retry** — a call nothing continues and whose answer no later request carries, when a later
+     request sent its exact prompt again (the client asked again), or when a sibling — a call
+     continuing the same parent — was continued or carried instead (the agent asked twice from one
+     point and went on from the other answer).
   4. **main** — the tree of the latest call whose tree has more than one call; when every tree is
      one call, the largest group of calls sharing history (ties: the longer prompt, then the later),
      so a late or lone title call never becomes the conversation. Every other tree whose first
@@ -31,7 +37,7 @@ The rules, in order (docs/trajectories.md, "What trains", has the picture):
   5. **compaction** — a *restart* is a call of the main conversation that continues nothing and
      whose prompt is shorter than the longest main prompt + response since the previous restart:
      the history was replaced. Of the calls since then that nothing continued, the last whose
-     answer the restart's prompt carries (its sampled ids, less the stop token, appear in it), else
+     answer the restart's prompt carries, else
      the last one, is the compaction (even when it continued the main conversation, as a
      "summarize the above" turn does); the restart's parent edge is the compaction.
   6. **subagent** — a tree outside the main conversation of more than one call, or whose first
@@ -314,18 +320,29 @@ def _strict_prefix(prompt: array[int], longer: array[int]) -> bool:
 
 
 def _find_retries(ordered: list[_Call], first_choice: dict[int, _Call]) -> set[int]:
-    """Rule 3: sequences of requests nothing continues whose exact prompt a later request sent again."""
+    """Rule 3: sequences of the requests whose answer was thrown away (see the module doc)."""
     parents_of = {node.parent.sequence for node in ordered if node.parent is not None}
+    carried = {sequence for node in ordered for sequence in node.call.carries}
+    kept = parents_of | carried  # answers something went on from
     heads = list(first_choice.values())
+    siblings: dict[int, list[_Call]] = {}
+    for head in heads:
+        if head.parent is not None and head.via != "declared":
+            siblings.setdefault(head.parent.sequence, []).append(head)
     retries: set[int] = set()
     for position, head in enumerate(heads):
-        if head.sequence in parents_of:
+        if head.sequence in kept:
             continue
         prompt, n = head.prompt, len(head.prompt)
         for later in heads[position + 1 :]:
             if len(later.prompt) == n and later.prompt[-1] == prompt[-1] and later.prompt == prompt:
                 retries.add(head.sequence)
                 break
+        else:
+            if head.parent is not None and any(
+                other is not head and other.sequence in kept for other in siblings.get(head.parent.sequence, ())
+            ):
+                retries.add(head.sequence)
     return retries
 
 
@@ -461,7 +478,10 @@ def _common_prefix(a: array[int], b: array[int]) -> int:
 
 
 def _carried_into(node: _Call, later: _Call) -> bool:
-    """Whether `node`'s answer appears, token for token, in `later`'s prompt."""
+    """Whether `later`'s request carried `node`'s answer: the proxy found its text there
+    (`LLMCall.carries`), or its sampled ids appear, token for token, in `later`'s prompt."""
+    if node.sequence in later.call.carries:
+        return True
     probe = node.answer_probe()
     if probe is None:
         return False

@@ -58,6 +58,7 @@ class CallRecorder:
             [(c.sequence, c.message.text, c.message.finish_reason) for c in result.choices],
             messages=request.messages,
             prefix_breaks=breaks,
+            carries=result.prompt.carries,
             started=started,
             request=request,
         )
@@ -88,6 +89,7 @@ class CallRecorder:
         messages: list[dict[str, Any]],
         prefix_breaks: list[dict[str, Any]],
         started: float,
+        carries: list[int] | None = None,
         request: ChatRequest | None = None,
     ) -> list[int]:
         """Choices of one request share one store sequence (told apart by choice_index)."""
@@ -118,6 +120,7 @@ class CallRecorder:
                 usage=Usage(input_tokens=len(prompt_token_ids), output_tokens=len(sampled.tokens)),
                 declared_class=call_class,
                 declared_parent=parent,
+                carries=list(carries or ()),
             )
             for index, (sampled, text, finish_reason) in enumerate(choices)
         ]
@@ -213,6 +216,7 @@ def span_attributes(call: LLMCall, request: ChatRequest | None = None) -> dict[s
         semconv.AGL_PREFIX_BREAKS: json.dumps(call.prefix_breaks) if call.prefix_breaks else None,
         semconv.AGL_CALL_CLASS: None if call.declared_class is None else call.declared_class.value,
         semconv.AGL_CALL_PARENT: call.declared_parent,
+        semconv.AGL_CALL_CARRIES: call.carries or None,
     }
     attributes.update({key: value for key, value in optional.items() if value is not None})
     return attributes

@@ -282,12 +282,15 @@ class ChatService:
         if request.top_logprobs:
             await self._add_top_logprobs(prompt.token_ids, choices, request.top_logprobs)
         result = ChatResult(list(sampled.prompt_tokens), choices, prompt)
+        result.sequences = await self.recorder.record(request, route, self.model_name, result, started)
         cache = None if route.cache_key is None else self.token_caches.get(route.cache_key)
         if cache is not None:
-            for choice in choices:
-                cache.remember(choice.sequence.tokens, prompt_token_ids=result.prompt_token_ids)
-        result.sequences = await self.recorder.record(request, route, self.model_name, result, started)
-        if cache is not None:
+            # Remembered once recorded, with the call's store sequence: later requests say which
+            # answers they carry (`PromptEncoding.carries`). The response is not returned before this.
+            for choice, stored in zip(choices, result.sequences, strict=False):
+                cache.remember(
+                    choice.sequence.tokens, prompt_token_ids=result.prompt_token_ids, call=(stored, choice.index)
+                )
             recorded(cache, result.sequences)
         for streamer, choice in zip(streamers, choices, strict=False):
             streamer.finish(choice.message)

@@ -38,7 +38,11 @@ class StoreTokenHistory:
                 continue
             newest = max(newest, call.sequence)
             if call.response_token_ids:  # text-only calls (other LiteLLM models) have no ids to reuse
-                cache.remember(call.response_token_ids, prompt_token_ids=call.prompt_token_ids)
+                cache.remember(
+                    call.response_token_ids,
+                    prompt_token_ids=call.prompt_token_ids,
+                    call=(call.sequence, call.choice_index),
+                )
                 added += 1
         cache.store_sequence = newest
         return added

@@ -4,7 +4,8 @@ One JSON object per line. Every line has a `kind`:
   - `"llm_call"`: every field of an `LLMCall` (its own kind is `call_kind`, "token" or "text"),
     `usage` as `{"input_tokens", "output_tokens"}` or null, `declared_class` (one of main, retry,
     side, compaction, subagent) and `declared_parent` (a sequence as text, or the raw value sent)
-    as the agent declared them, null when it declared nothing;
+    as the agent declared them, null when it declared nothing; `carries` (the earlier calls whose
+    answer the request carried back, by sequence);
   - `"reward"`: every field of a `Reward`.
 Records made outside any rollout have null `rollout_id`/`attempt_id`.
 
@@ -103,6 +104,7 @@ def call_record(call: LLMCall) -> dict[str, Any]:
         "trace_id": call.trace_id,
         "declared_class": None if call.declared_class is None else call.declared_class.value,
         "declared_parent": call.declared_parent,
+        "carries": call.carries,
     }
 
 

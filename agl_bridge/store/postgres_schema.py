@@ -103,7 +103,8 @@ CREATE TABLE llm_calls (
     input_tokens INTEGER,
     output_tokens INTEGER,
     declared_class TEXT,
-    declared_parent TEXT
+    declared_parent TEXT,
+    carries TEXT
 );
 CREATE UNIQUE INDEX llm_calls_order ON llm_calls(rollout_key, attempt_key, sequence, choice_index);
 CREATE UNIQUE INDEX llm_calls_span ON llm_calls(span_id) WHERE span_id IS NOT NULL;
@@ -195,6 +196,8 @@ def ensure_schema(conn: Any, where: str, created_by: str) -> None:
 
 def _upgrade_from_2(conn: Any, created_by: str) -> None:
     """Version 2 → 3 inside the caller's transaction (the schema lock held): the declared class and parent."""
-    conn.execute("ALTER TABLE llm_calls ADD COLUMN declared_class TEXT, ADD COLUMN declared_parent TEXT")
+    conn.execute(
+        "ALTER TABLE llm_calls ADD COLUMN declared_class TEXT, ADD COLUMN declared_parent TEXT, ADD COLUMN carries TEXT"
+    )
     upgraded = f"; upgraded to 3 by {created_by}"
     conn.execute(f"UPDATE {VERSION_TABLE} SET version = %s, created_by = created_by || %s", (3, upgraded))

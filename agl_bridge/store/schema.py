@@ -20,7 +20,8 @@ Layout notes:
     last arrived under that key: the idle timeout reads it, at no extra statement per record.
   - `consumed_step` marks the rollouts a follow trainer took (partial index: the few not yet taken).
   - `llm_calls.declared_class` / `declared_parent` hold what the agent declared for the call
-    (headers `x-agl-call-class` / `x-agl-parent-call`; NULL when it declared nothing) (version 3).
+    (headers `x-agl-call-class` / `x-agl-parent-call`; NULL when it declared nothing), and `carries`
+    the earlier calls whose answer the request carried (a JSON list; NULL for none) (version 3).
 
 Older files are upgraded in place when a writer opens them: version 1 through 2 (`_upgrade_from_1`),
 version 2 to 3 (`_upgrade_from_2`).
@@ -117,7 +118,8 @@ CREATE TABLE llm_calls (
     input_tokens INTEGER,
     output_tokens INTEGER,
     declared_class TEXT,
-    declared_parent TEXT
+    declared_parent TEXT,
+    carries TEXT
 );
 CREATE UNIQUE INDEX llm_calls_order ON llm_calls(rollout_key, attempt_key, sequence, choice_index);
 CREATE UNIQUE INDEX llm_calls_span ON llm_calls(span_id) WHERE span_id IS NOT NULL;
@@ -230,6 +232,7 @@ def _upgrade_from_1(conn: sqlite3.Connection, created_by: str) -> None:
 _ADDED_IN_3 = (
     "ALTER TABLE llm_calls ADD COLUMN declared_class TEXT",
     "ALTER TABLE llm_calls ADD COLUMN declared_parent TEXT",
+    "ALTER TABLE llm_calls ADD COLUMN carries TEXT",
 )
 """Version 2 → 3: the call's declared class and parent (NULL for every call recorded before: nothing declared)."""
 

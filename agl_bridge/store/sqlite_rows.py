@@ -63,6 +63,7 @@ LLM_CALL_COLUMNS: tuple[str, ...] = (
     "output_tokens",
     "declared_class",
     "declared_parent",
+    "carries",
 )
 LLM_CALL_SELECT = ", ".join(LLM_CALL_COLUMNS)
 
@@ -155,6 +156,7 @@ def encode_llm_call_rest(call: LLMCall) -> tuple[Any, ...]:
         None if usage is None else usage.output_tokens,
         None if call.declared_class is None else call.declared_class.value,
         call.declared_parent,
+        encode_json("carries", call.carries) if call.carries else None,
     )
 
 
@@ -199,6 +201,7 @@ def decode_llm_call(row: Sequence[Any]) -> LLMCall:
         output_tokens,
         declared_class,
         declared_parent,
+        carries,
     ) = row
     return LLMCall(
         rollout_id=rollout_key or None,
@@ -224,6 +227,7 @@ def decode_llm_call(row: Sequence[Any]) -> LLMCall:
         usage=None if input_tokens is None else Usage(input_tokens=input_tokens, output_tokens=output_tokens),
         declared_class=decode_call_class(declared_class),
         declared_parent=declared_parent or None,
+        carries=[] if carries is None else decode_json(carries),
     )
 
 
@@ -232,6 +236,7 @@ _TOKEN_CALL_COLUMNS = frozenset(
         "rollout_key", "attempt_key", "sequence", "choice_index", "kind", "model", "prompt_token_ids",
         "response_token_ids", "response_logprobs", "token_policy_versions", "policy_version",
         "finish_reason", "agent_name", "prefix_breaks", "span_id", "declared_class", "declared_parent",
+        "carries",
     }
 )  # fmt: skip
 TOKEN_CALL_SELECT = ", ".join(c if c in _TOKEN_CALL_COLUMNS else "NULL" for c in LLM_CALL_COLUMNS)
@@ -249,7 +254,7 @@ def decode_token_call(row: Sequence[Any]) -> LLMCall:
     (
         rollout_key, attempt_key, sequence, choice_index, kind, model, prompt_ids, response_ids, logprobs,
         versions, policy_version, _, _, finish_reason, agent_name, _, _, prefix_breaks, span_id, _, _, _,
-        declared_class, declared_parent,
+        declared_class, declared_parent, carries,
     ) = row  # fmt: skip
     return LLMCall(
         rollout_id=rollout_key or None,
@@ -269,6 +274,7 @@ def decode_token_call(row: Sequence[Any]) -> LLMCall:
         span_id=span_id,
         declared_class=decode_call_class(declared_class),
         declared_parent=declared_parent or None,
+        carries=[] if carries is None else decode_json(carries),
     )
 
 

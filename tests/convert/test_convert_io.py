@@ -33,11 +33,12 @@ def sample_trajectories() -> list[Trajectory]:
         call(0, [1, 2], [6], choice=1),
         call(1, [1, 2, 3, 4, 5, 7], [8], agent="solver"),
         call(2, [99], [100]),  # sent again at 3: a retry, excluded
-        call(3, [99], [101], prefix_breaks=[{"message_index": 0, "kind": "template_error", "reason": "é ✓"}]),
+        call(3, [99], [101]),
+        call(4, [42], [43], prefix_breaks=[{"message_index": 0, "kind": "template_error", "reason": "é ✓"}]),
     ]
     first = convert_attempt(
         calls,
-        [reward(4, 0.1, "b"), reward(5, 1 / 3, "a"), reward(6, 1.0, "verifier", attempt_id=None)],
+        [reward(5, 0.1, "b"), reward(6, 1 / 3, "a"), reward(7, 1.0, "verifier", attempt_id=None)],
         "succeeded",
         ConvertOptions(reward_weights={"a": 0.7}, train_classes=("main", "side")),
         group_id="g-ü",
@@ -51,8 +52,8 @@ def sample_trajectories() -> list[Trajectory]:
         task="just a string",
     )
     assert isinstance(first, Trajectory) and isinstance(second, Trajectory)
-    assert len(first.segments) == 3 and second.group_id is None
-    assert [segment.call_class for segment in first.segments] == ["main", "main", "side"]
+    assert len(first.segments) == 4 and second.group_id is None
+    assert [segment.call_class for segment in first.segments] == ["main", "main", "side", "side"]
     assert [(call.sequence, call.call_class) for call in first.excluded_calls] == [(2, "retry")]
     return [first, second]
 

@@ -30,7 +30,7 @@ CALL_FIELDS = {
     "kind", "rollout_id", "attempt_id", "sequence", "model", "call_kind", "prompt_token_ids", "response_token_ids",
     "response_logprobs", "token_policy_versions", "policy_version", "messages", "response_text", "finish_reason",
     "choice_index", "agent_name", "prefix_breaks", "started_at", "ended_at", "usage", "span_id", "trace_id",
-    "declared_class", "declared_parent",
+    "declared_class", "declared_parent", "carries",
 }  # fmt: skip
 REWARD_FIELDS = {"kind", "rollout_id", "attempt_id", "name", "value", "sequence", "timestamp", "span_id", "trace_id"}
 
