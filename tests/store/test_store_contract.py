@@ -105,7 +105,7 @@ async def test_keys_first_written_in_one_batch_register_as_if_one_by_one(backend
 async def test_a_declared_class_and_parent_round_trip_through_every_reader(backend: Store) -> None:
     declared = [
         dataclasses.replace(call("ext", "0"), declared_class=CallClass.MAIN),
-        dataclasses.replace(call("ext", "0"), declared_class=CallClass.SIDE, declared_parent="0"),
+        dataclasses.replace(call("ext", "0"), declared_class=CallClass.SIDE, declared_parent="0", carries=[0]),
         dataclasses.replace(call("ext", "0"), declared_parent="chatcmpl-unknown"),  # unresolved: kept raw
         call("ext", "0"),  # nothing declared
     ]
@@ -127,6 +127,8 @@ async def test_a_declared_class_and_parent_round_trip_through_every_reader(backe
         assert all(type(c.declared_class) is CallClass for c in attempt.calls if c.declared_class is not None)
     walked = [r async for r in backend.iter_rollout_records(tokens_only=True)]  # the whole-store walk
     assert [(c.declared_class, c.declared_parent) for r in walked for a in r.attempts for c in a.calls] == expected
+    assert [c.carries for r in walked for a in r.attempts for c in a.calls] == [[], [0], [], []]
+    assert [c.carries async for c in backend.iter_llm_calls("ext", "0")] == [[], [0], [], []]
 
 
 async def test_start_names_the_task_and_refuses_another(backend: Store) -> None:
