@@ -22,7 +22,8 @@ from agl_bridge.convert import (
 from agl_bridge.errors import ConfigError
 from agl_bridge.models.loading import resolve_model_path
 from agl_bridge.runner import TaskSchedule
-from agl_bridge.store.sqlite import SQLiteStore
+from agl_bridge.store.export import open_existing_store
+from agl_bridge.store.location import describe_location, is_postgres_location
 from agl_bridge.train.advantages import batch_datums, group_advantages
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
@@ -35,14 +36,15 @@ from agl_bridge.train.step import grpo_settings, run_client, train_step
 async def offline_groups(path: str, log: RunLog | None = None) -> list[list[Trajectory]]:
     """The GRPO groups of recorded trajectories: from a store (converted now) or an exported file.
 
-    From a store, what could not be converted (and why) is said on the log's console (stderr).
+    A store is a SQLite file (.sqlite, .db, .sqlite3) or a PostgreSQL URL; it must exist (StoreError
+    saying why not). From a store, what could not be converted (and why) is said on the log's console.
     """
-    if Path(path).suffix in (".sqlite", ".db", ".sqlite3"):
+    if is_postgres_location(path) or Path(path).suffix in (".sqlite", ".db", ".sqlite3"):
         report = ConversionReport()
-        async with SQLiteStore(path) as store:
+        async with open_existing_store(path) as store:
             trajectories = [t async for t in convert_store(store, report=report)]
         if log is not None and (left_out := report.left_out()):
-            log.say(f"{path}: {report.attempts_converted} attempts converted; {left_out}")
+            log.say(f"{describe_location(path)}: {report.attempts_converted} attempts converted; {left_out}")
     else:
         trajectories = list(iter_trajectories(path))
     return list(group_trajectories(trajectories).values())

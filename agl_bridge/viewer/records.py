@@ -1,17 +1,19 @@
 """Store rows → the store's own records (`Rollout`, `Attempt`, `LLMCall`, `Reward`, `StoredSpan`), read-only.
 
 The column lists and decoders are the store's (`agl_bridge.store.sqlite_rows`), so what the viewer
-shows is exactly what `SQLiteStore` would hand the converter or an export.
+shows is exactly what `SQLiteStore` (or `PostgresStore`) would hand the converter or an export. `conn`
+is a sqlite3 connection or the viewer's `PostgresConnection` (`pg_db.py`: same SQL, same rows).
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from agl_bridge.store.base import group_rollout_records
 from agl_bridge.store.codec import decode_json
+from agl_bridge.store.postgres_writer import RESPONSE_TEXT_INDEX, from_pg_call_row
+from agl_bridge.store.sqlite_rows import decode_llm_call as decode_call_row
 from agl_bridge.store.sqlite_rows import (
     ATTEMPT_SELECT,
     LLM_CALL_SELECT,
@@ -21,7 +23,6 @@ from agl_bridge.store.sqlite_rows import (
     SPAN_SELECT,
     TOKEN_CALL_SELECT,
     decode_attempt,
-    decode_llm_call,
     decode_reward,
     decode_rollout,
     decode_span,
@@ -30,12 +31,27 @@ from agl_bridge.store.sqlite_rows import (
 from agl_bridge.types import Attempt, LLMCall, Reward, Rollout, RolloutRecords, StoredSpan
 
 
+def decode_llm_call(row: Sequence[Any]) -> LLMCall:
+    """The store's `decode_llm_call` of a row of either backend (PostgreSQL keeps the response text as bytes)."""
+    if isinstance(row[RESPONSE_TEXT_INDEX], (bytes, memoryview)):
+        row = from_pg_call_row(row)
+    return decode_call_row(row)
+
+
+class Reader(Protocol):
+    """A connection the pages read through: sqlite3's, or `pg_db.PostgresConnection` (the same SQL on PostgreSQL)."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Any:
+        """Run one query with `?` placeholders; a cursor (fetchone, fetchall, iteration over tuples)."""
+        ...
+
+
 def marks(values: Sequence[Any]) -> str:
     """`?, ?, ?` for an IN list of `values`."""
     return ", ".join("?" for _ in values)
 
 
-def get_rollouts(conn: sqlite3.Connection, rollout_ids: Sequence[str]) -> dict[str, Rollout]:
+def get_rollouts(conn: Reader, rollout_ids: Sequence[str]) -> dict[str, Rollout]:
     """The rollouts of `rollout_ids` that exist, by id."""
     if not rollout_ids:
         return {}
@@ -45,7 +61,7 @@ def get_rollouts(conn: sqlite3.Connection, rollout_ids: Sequence[str]) -> dict[s
     return {row[0]: decode_rollout(row) for row in rows}
 
 
-def get_attempts(conn: sqlite3.Connection, rollout_ids: Sequence[str]) -> dict[str, list[Attempt]]:
+def get_attempts(conn: Reader, rollout_ids: Sequence[str]) -> dict[str, list[Attempt]]:
     """The attempts of each rollout, by number."""
     if not rollout_ids:
         return {}
@@ -60,7 +76,7 @@ def get_attempts(conn: sqlite3.Connection, rollout_ids: Sequence[str]) -> dict[s
 
 
 def rollout_records(
-    conn: sqlite3.Connection, rollout_ids: Sequence[str], *, tokens_only: bool = True
+    conn: Reader, rollout_ids: Sequence[str], *, tokens_only: bool = True
 ) -> list[RolloutRecords]:
     """The records of the given (existing) rollouts, as the store's `iter_rollout_records` bundles them."""
     rollouts = get_rollouts(conn, rollout_ids)
@@ -92,7 +108,7 @@ def attempt_key(attempt_id: str | None) -> str:
 
 
 def _rows_after(
-    conn: sqlite3.Connection, table: str, select: str, rollout_id: str, attempt_id: str | None, after: int, limit: int
+    conn: Reader, table: str, select: str, rollout_id: str, attempt_id: str | None, after: int, limit: int
 ) -> list[Any]:
     order = "sequence, choice_index" if table == "llm_calls" else "sequence"
     return conn.execute(
@@ -103,7 +119,7 @@ def _rows_after(
 
 
 def calls_after(
-    conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None, after: int, limit: int
+    conn: Reader, rollout_id: str, attempt_id: str | None, after: int, limit: int
 ) -> list[LLMCall]:
     """Up to `limit` calls of one attempt with sequence > `after`, in (sequence, choice) order."""
     rows = _rows_after(conn, "llm_calls", LLM_CALL_SELECT, rollout_id, attempt_id, after, limit)
@@ -111,7 +127,7 @@ def calls_after(
 
 
 def rewards_after(
-    conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None, after: int, limit: int
+    conn: Reader, rollout_id: str, attempt_id: str | None, after: int, limit: int
 ) -> list[Reward]:
     """Up to `limit` rewards of one attempt with sequence > `after`."""
     return [
@@ -120,7 +136,7 @@ def rewards_after(
 
 
 def spans_after(
-    conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None, after: int, limit: int
+    conn: Reader, rollout_id: str, attempt_id: str | None, after: int, limit: int
 ) -> list[StoredSpan]:
     """Up to `limit` generic spans of one attempt with sequence > `after`."""
     rows = _rows_after(conn, "spans", SPAN_SELECT, rollout_id, attempt_id, after, limit)
@@ -128,7 +144,7 @@ def spans_after(
 
 
 def previous_call_messages(
-    conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None, before: int
+    conn: Reader, rollout_id: str, attempt_id: str | None, before: int
 ) -> list[dict[str, Any]] | None:
     """The messages of the last call of an attempt with sequence <= `before`, or None."""
     row = conn.execute(
@@ -140,7 +156,7 @@ def previous_call_messages(
 
 
 def get_call(
-    conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None, sequence: int, choice: int
+    conn: Reader, rollout_id: str, attempt_id: str | None, sequence: int, choice: int
 ) -> LLMCall | None:
     """One call by its place, or None."""
     row = conn.execute(
@@ -151,7 +167,7 @@ def get_call(
     return None if row is None else decode_llm_call(row)
 
 
-def record_counts(conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None) -> tuple[int, int, int]:
+def record_counts(conn: Reader, rollout_id: str, attempt_id: str | None) -> tuple[int, int, int]:
     """(calls, rewards, spans) of one attempt."""
     key = (rollout_id, attempt_key(attempt_id))
     where = "WHERE rollout_key = ? AND attempt_key = ?"
