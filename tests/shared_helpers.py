@@ -119,6 +119,7 @@ def replayable_stores(monkeypatch: Any) -> None:
     from agl_bridge.store import batched
 
     counters: dict[str, itertools.count[int]] = {}
-    monkeypatch.setattr(batched, "new_id", lambda prefix: f"{prefix}-{next(counters.setdefault(prefix, itertools.count())):06d}")
+    monkeypatch.setattr(
+        batched, "new_id", lambda prefix: f"{prefix}-{next(counters.setdefault(prefix, itertools.count())):06d}"
+    )
     monkeypatch.setattr(time, "time", lambda: 1_767_225_600.25)
-

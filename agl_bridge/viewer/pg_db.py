@@ -136,9 +136,16 @@ class PostgresReadOnlyStore:
             self._opened.append(conn)
         return conn
 
-    def _unreachable(self, exc: BaseException) -> StoreError:
+    def _read_error(self, exc: BaseException) -> StoreError:
+        import psycopg
+
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return StoreError(f"could not read the PostgreSQL store {self.where}: {reason}; is the server up?")
+        advice = (
+            "; check that the server is up (the next page reconnects)"
+            if isinstance(exc, psycopg.OperationalError)
+            else ""
+        )
+        return StoreError(f"could not read the PostgreSQL store {self.where}: {reason}{advice}")
 
     def connection(self) -> PostgresConnection:
         """This thread's read-only connection (opened on first use, again after it broke)."""
@@ -162,7 +169,7 @@ class PostgresReadOnlyStore:
             conn.raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             yield conn
         except psycopg.Error as exc:
-            raise self._unreachable(exc) from exc
+            raise self._read_error(exc) from exc
         finally:
             self._local.depth = 0
             if not conn.raw.closed and not conn.raw.broken:
@@ -176,7 +183,7 @@ class PostgresReadOnlyStore:
                 self._watcher = self._connect()
             return tuple(self._watcher.execute(_STAMP).fetchone())
         except psycopg.Error as exc:
-            raise self._unreachable(exc) from exc
+            raise self._read_error(exc) from exc
 
     def changes(self) -> int:
         """A counter that goes up whenever the store's stamp moved since the last call."""
