@@ -39,7 +39,6 @@ from agl_bridge.types import Attempt, AttemptStatus
 from agl_bridge.viewer.access import KeyGate, cookie_name
 from agl_bridge.viewer.chat import chat_message, response_message
 from agl_bridge.viewer.db import ReadOnlyStore
-from agl_bridge.viewer.pg_db import PostgresReadOnlyStore
 from agl_bridge.viewer.listing import (
     PAGE_SIZE,
     RETURN_FUNCTION,
@@ -54,6 +53,7 @@ from agl_bridge.viewer.listing import (
     same_task,
     store_counts,
 )
+from agl_bridge.viewer.pg_db import PostgresReadOnlyStore
 from agl_bridge.viewer.records import get_call, record_counts
 from agl_bridge.viewer.run_dir import MetricsLog, RunSettings, load_run_settings
 from agl_bridge.viewer.slow_imports import trainer_group_advantages

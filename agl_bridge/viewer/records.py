@@ -13,7 +13,6 @@ from typing import Any, Protocol
 from agl_bridge.store.base import group_rollout_records
 from agl_bridge.store.codec import decode_json
 from agl_bridge.store.postgres_writer import RESPONSE_TEXT_INDEX, from_pg_call_row
-from agl_bridge.store.sqlite_rows import decode_llm_call as decode_call_row
 from agl_bridge.store.sqlite_rows import (
     ATTEMPT_SELECT,
     LLM_CALL_SELECT,
@@ -28,6 +27,7 @@ from agl_bridge.store.sqlite_rows import (
     decode_span,
     decode_token_call,
 )
+from agl_bridge.store.sqlite_rows import decode_llm_call as decode_call_row
 from agl_bridge.types import Attempt, LLMCall, Reward, Rollout, RolloutRecords, StoredSpan
 
 
@@ -75,9 +75,7 @@ def get_attempts(conn: Reader, rollout_ids: Sequence[str]) -> dict[str, list[Att
     return attempts
 
 
-def rollout_records(
-    conn: Reader, rollout_ids: Sequence[str], *, tokens_only: bool = True
-) -> list[RolloutRecords]:
+def rollout_records(conn: Reader, rollout_ids: Sequence[str], *, tokens_only: bool = True) -> list[RolloutRecords]:
     """The records of the given (existing) rollouts, as the store's `iter_rollout_records` bundles them."""
     rollouts = get_rollouts(conn, rollout_ids)
     ids = [rollout_id for rollout_id in dict.fromkeys(rollout_ids) if rollout_id in rollouts]
@@ -118,26 +116,20 @@ def _rows_after(
     ).fetchall()
 
 
-def calls_after(
-    conn: Reader, rollout_id: str, attempt_id: str | None, after: int, limit: int
-) -> list[LLMCall]:
+def calls_after(conn: Reader, rollout_id: str, attempt_id: str | None, after: int, limit: int) -> list[LLMCall]:
     """Up to `limit` calls of one attempt with sequence > `after`, in (sequence, choice) order."""
     rows = _rows_after(conn, "llm_calls", LLM_CALL_SELECT, rollout_id, attempt_id, after, limit)
     return [decode_llm_call(row) for row in rows]
 
 
-def rewards_after(
-    conn: Reader, rollout_id: str, attempt_id: str | None, after: int, limit: int
-) -> list[Reward]:
+def rewards_after(conn: Reader, rollout_id: str, attempt_id: str | None, after: int, limit: int) -> list[Reward]:
     """Up to `limit` rewards of one attempt with sequence > `after`."""
     return [
         decode_reward(row) for row in _rows_after(conn, "rewards", REWARD_SELECT, rollout_id, attempt_id, after, limit)
     ]
 
 
-def spans_after(
-    conn: Reader, rollout_id: str, attempt_id: str | None, after: int, limit: int
-) -> list[StoredSpan]:
+def spans_after(conn: Reader, rollout_id: str, attempt_id: str | None, after: int, limit: int) -> list[StoredSpan]:
     """Up to `limit` generic spans of one attempt with sequence > `after`."""
     rows = _rows_after(conn, "spans", SPAN_SELECT, rollout_id, attempt_id, after, limit)
     return [decode_span(row) for row in rows]
@@ -155,9 +147,7 @@ def previous_call_messages(
     return None if row is None else decode_json(row[0])
 
 
-def get_call(
-    conn: Reader, rollout_id: str, attempt_id: str | None, sequence: int, choice: int
-) -> LLMCall | None:
+def get_call(conn: Reader, rollout_id: str, attempt_id: str | None, sequence: int, choice: int) -> LLMCall | None:
     """One call by its place, or None."""
     row = conn.execute(
         f"SELECT {LLM_CALL_SELECT} FROM llm_calls WHERE rollout_key = ? AND attempt_key = ? AND sequence = ? "

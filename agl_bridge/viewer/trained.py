@@ -91,9 +91,7 @@ def group_key(rollout: Rollout) -> str:
     return rollout.group_id if rollout.group_id is not None else rollout.rollout_id
 
 
-def train_groups(
-    conn: Reader, rollouts: Iterable[Rollout], settings: RunSettings
-) -> dict[str, GroupTraining]:
+def train_groups(conn: Reader, rollouts: Iterable[Rollout], settings: RunSettings) -> dict[str, GroupTraining]:
     """The GroupTraining of each rollout's group, by `group_key`."""
     members: dict[str, list[str]] = {}
     group_ids = []
@@ -118,16 +116,12 @@ def group_members(conn: Reader, group_ids: Iterable[str]) -> dict[str, list[str]
     return members
 
 
-def train_group_ids(
-    conn: Reader, group_ids: Iterable[str], settings: RunSettings
-) -> dict[str, GroupTraining]:
+def train_group_ids(conn: Reader, group_ids: Iterable[str], settings: RunSettings) -> dict[str, GroupTraining]:
     """The GroupTraining of each group id."""
     return _train_members(conn, group_members(conn, group_ids), settings)
 
 
-def _train_members(
-    conn: Reader, members: dict[str, list[str]], settings: RunSettings
-) -> dict[str, GroupTraining]:
+def _train_members(conn: Reader, members: dict[str, list[str]], settings: RunSettings) -> dict[str, GroupTraining]:
     records = {r.rollout.rollout_id: r for r in rollout_records(conn, [i for ids in members.values() for i in ids])}
     return {key: _train_group(key, [records[i] for i in ids if i in records], settings) for key, ids in members.items()}
 

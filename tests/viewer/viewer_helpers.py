@@ -39,7 +39,9 @@ def call(
     return LLMCall(**fields)
 
 
-async def finish(store: SQLiteStore | PostgresStore, rollout_id: str, attempt_id: str, status: AttemptStatus, **kwargs: Any) -> None:
+async def finish(
+    store: SQLiteStore | PostgresStore, rollout_id: str, attempt_id: str, status: AttemptStatus, **kwargs: Any
+) -> None:
     """Close an attempt and its rollout with `status`."""
     await store.finish_attempt(attempt_id, status, **kwargs)
     await store.set_rollout_status(rollout_id, RolloutStatus(status.value))
