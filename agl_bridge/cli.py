@@ -586,7 +586,7 @@ def view_command(
         envvar=STORE_ENV,
         metavar="PATH|URL",
         help="The store to look at, read-only: a SQLite file or a PostgreSQL URL (postgresql://user@host:port/db); "
-        f"default: ${STORE_ENV}, else RUN_DIR/store.sqlite.",
+        f"default: ${STORE_ENV}, else the run's store (RUN_DIR/store.sqlite, or the PostgreSQL URL of its config).",
     ),
     run_dir: Path | None = typer.Option(
         None,
@@ -606,7 +606,7 @@ def view_command(
     """Look at a store and a training run in the browser: curves, rollouts, calls, and the tokens trained."""
     from agl_bridge.proxy.server import ProxyStartError, bind_socket, choose_api_key
     from agl_bridge.viewer.app import Viewer
-    from agl_bridge.viewer.run_dir import STORE_FILE, RunConfigError
+    from agl_bridge.viewer.run_dir import RunConfigError, run_store
     from agl_bridge.viewer.server import serve_viewer
 
     if run_dir is not None and not run_dir.is_dir():
@@ -615,9 +615,9 @@ def view_command(
         if run_dir is None:
             _fail(
                 "pass --store PATH|URL (a store file or PostgreSQL URL), or --run-dir DIR (a training run; its store "
-                "is DIR/store.sqlite)"
+                "is DIR/store.sqlite, or the PostgreSQL store its config names)"
             )
-        store = str(run_dir / STORE_FILE)
+        store = run_store(run_dir)
     try:
         key, generated = choose_api_key(host, api_key)
         viewer = Viewer(store, run_dir, model)

@@ -9,6 +9,7 @@ name. Skips, saying why, where no PostgreSQL server can be started.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from agl_bridge.store import store_at
 from agl_bridge.store.errors import NoStoreError, StoreError
 from agl_bridge.viewer.app import Viewer, create_app
 from agl_bridge.viewer.pg_db import glob_to_regex
+from agl_bridge.viewer.run_dir import run_store
 
 PAGES = (
     "/",
@@ -132,3 +134,12 @@ def test_a_database_without_a_store_is_refused(postgres_server) -> None:
 def test_glob_patterns_become_anchored_regular_expressions() -> None:
     assert glob_to_regex("s[0-9]*-[0-9]*") == "^s[0-9].*\\-[0-9].*$"
     assert glob_to_regex("eval?.x") == "^eval.\\.x$"
+
+
+def test_a_run_that_recorded_into_postgresql_is_viewed_from_its_run_dir(tmp_path: Path) -> None:
+    url = "postgresql://agl@db.example:5432/runs"
+    (tmp_path / "config.json").write_text(json.dumps({"store": url, "model": "tiny"}))
+    assert run_store(tmp_path) == url
+    (tmp_path / "config.json").write_text(json.dumps({"store": None}))
+    assert run_store(tmp_path) == str(tmp_path / "store.sqlite")
+    assert run_store(tmp_path / "missing") == str(tmp_path / "missing" / "store.sqlite")
