@@ -125,7 +125,11 @@ class PostgresReadOnlyStore:
         self._lock = threading.Lock()
         self._watch_lock = threading.Lock()
         self._watcher = self._connect()
-        check_store_tables(self._watcher, self.where)
+        try:
+            check_store_tables(self._watcher, self.where)
+        except BaseException:
+            self.close()
+            raise
         self._last_stamp = self._stamp()
         self._changes = 0
 
