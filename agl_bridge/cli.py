@@ -120,10 +120,14 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _store_failure(exc: StoreError | ExportOutputError, store: Path) -> NoReturn:
+def _store_failure(exc: StoreError | ExportOutputError, store: str | Path) -> NoReturn:
     """Turn a store error of a read-only command (or an unwritable export file) into one line and an exit code."""
     if isinstance(exc, RolloutNotFoundError):
-        _fail(f"no rollout {exc.rollout_id!r} in {store}; list its rollouts with `agl-bridge inspect --store {store}`")
+        again = "URL" if is_postgres_location(store) else store  # a URL may hold a password: never echoed
+        _fail(
+            f"no rollout {exc.rollout_id!r} in {describe_location(store)}; "
+            f"list its rollouts with `agl-bridge inspect --store {again}`"
+        )
     if isinstance(exc, (NoStoreError, StoreSchemaError, ExportOutputError)):
         _fail(str(exc))
     _fail(str(exc), code=1)  # not a usage mistake (a locked or unreadable file): exit 1
@@ -131,7 +135,12 @@ def _store_failure(exc: StoreError | ExportOutputError, store: Path) -> NoReturn
 
 WORKER_STOP_S = 20.0
 """How long `serve --workers` gives its workers to stop (finish requests, close the store) before killing them."""
-_STORE_HELP = "The store file (SQLite) the proxy or runner records into; it must exist."
+STORE_ENV = "AGL_STORE"
+"""Environment variable naming the store (a SQLite file or a postgresql:// URL) when --store is not given."""
+_STORE_HELP = (
+    "The store the proxy or runner records into: a SQLite file, or a PostgreSQL URL "
+    f"(postgresql://user:password@host:port/db); it must exist. Default: ${STORE_ENV}."
+)
 
 
 _EXPORT_HELP = (
@@ -243,6 +252,7 @@ def serve_command(
     store: str = typer.Option(
         "agl_store.sqlite",
         "--store",
+        envvar=STORE_ENV,
         metavar="PATH|URL",
         help="SQLite file to record into (created if missing), or a PostgreSQL database (postgresql://user@host/db: "
         "several serve processes may share one; see docs/scaling.md).",
@@ -563,6 +573,8 @@ def train_command(
         summary = trainer.run(resume=resume)
     except (ConfigError, TaskFileError, CheckpointMismatchError) as exc:
         _fail(str(exc))
+    except StoreError as exc:  # the run's store (or offline data's) failed: one line, not a traceback
+        _fail(str(exc), code=1)
     typer.echo(
         f"done: {summary.steps} steps in {summary.wall_time_s:.0f}s; held-out reward {summary.eval_start} → "
         f"{summary.eval_end}; see {summary.run_dir}"
@@ -572,8 +584,13 @@ def train_command(
 
 @app.command("view")
 def view_command(
-    store: Path | None = typer.Option(
-        None, "--store", metavar="PATH", help="The store file to look at (default: RUN_DIR/store.sqlite); read-only."
+    store: str | None = typer.Option(
+        None,
+        "--store",
+        envvar=STORE_ENV,
+        metavar="PATH|URL",
+        help="The store to look at, read-only: a SQLite file or a PostgreSQL URL (postgresql://user@host:port/db); "
+        f"default: ${STORE_ENV}, else the run's store (RUN_DIR/store.sqlite, or the PostgreSQL URL of its config).",
     ),
     run_dir: Path | None = typer.Option(
         None,
@@ -593,15 +610,18 @@ def view_command(
     """Look at a store and a training run in the browser: curves, rollouts, calls, and the tokens trained."""
     from agl_bridge.proxy.server import ProxyStartError, bind_socket, choose_api_key
     from agl_bridge.viewer.app import Viewer
-    from agl_bridge.viewer.run_dir import STORE_FILE, RunConfigError
+    from agl_bridge.viewer.run_dir import RunConfigError, run_store
     from agl_bridge.viewer.server import serve_viewer
 
     if run_dir is not None and not run_dir.is_dir():
         _fail(f"--run-dir {run_dir} is not a directory; pass the run_dir of a training run")
     if store is None:
         if run_dir is None:
-            _fail("pass --store PATH (a store file) or --run-dir DIR (a training run; its store is DIR/store.sqlite)")
-        store = run_dir / STORE_FILE
+            _fail(
+                "pass --store PATH|URL (a store file or PostgreSQL URL), or --run-dir DIR (a training run; its store "
+                "is DIR/store.sqlite, or the PostgreSQL store its config names)"
+            )
+        store = run_store(run_dir)
     try:
         key, generated = choose_api_key(host, api_key)
         viewer = Viewer(store, run_dir, model)
@@ -617,9 +637,8 @@ def view_command(
 
     def announce(url: str) -> None:
         typer.echo(f"agl-bridge view at {url}", err=True)
-        typer.echo(
-            f"  store {store.resolve()} (read-only)" + (f", run {run_dir.resolve()}" if run_dir else ""), err=True
-        )
+        where = describe_location(store) if is_postgres_location(store) else Path(store).resolve()
+        typer.echo(f"  store {where} (read-only)" + (f", run {run_dir.resolve()}" if run_dir else ""), err=True)
         if generated:
             typer.echo("  the key in that address was generated; pass --api-key to choose one", err=True)
         typer.echo("  Ctrl-C stops", err=True)
@@ -650,7 +669,7 @@ def plot_command(
 
 @app.command("export", help=_EXPORT_HELP)
 def export_command(
-    store: Path = typer.Option(..., "--store", metavar="PATH", help=_STORE_HELP),
+    store: str = typer.Option(..., "--store", envvar=STORE_ENV, metavar="PATH|URL", help=_STORE_HELP),
     what: ExportWhat = typer.Option(
         ExportWhat.CALLS,
         "--what",
@@ -694,8 +713,10 @@ def export_command(
     from agl_bridge.convert.errors import ConversionError
     from agl_bridge.convert.policy import ConvertOptions
 
-    if out.resolve() in {store.resolve(), Path(f"{store.resolve()}-wal"), Path(f"{store.resolve()}-shm")}:
-        _fail(f"--out {out} is the store itself; write the export to another file")
+    if not is_postgres_location(store):
+        file = Path(store).resolve()
+        if out.resolve() in {file, Path(f"{file}-wal"), Path(f"{file}-shm")}:
+            _fail(f"--out {out} is the store itself; write the export to another file")
     options: ConvertOptions | None = None
     if what is ExportWhat.CALLS:
         if file_format is not ExportFormat.JSONL:
@@ -744,7 +765,7 @@ _INSPECT_HELP = (
 
 @app.command("inspect", help=_INSPECT_HELP)
 def inspect_command(
-    store: Path = typer.Option(..., "--store", metavar="PATH", help=_STORE_HELP),
+    store: str = typer.Option(..., "--store", envvar=STORE_ENV, metavar="PATH|URL", help=_STORE_HELP),
     rollout: str | None = typer.Option(
         None, "--rollout", metavar="ID", help="Show this rollout's attempts, calls and rewards instead of the list."
     ),
@@ -764,7 +785,7 @@ def inspect_command(
     async def run() -> tuple[dict[str, Any], RenderableType]:
         async with open_existing_store(store) as opened:
             if rollout is None:
-                overview = await store_overview(opened, limit=bound, name=str(store))
+                overview = await store_overview(opened, limit=bound, name=describe_location(store))
                 return overview.to_json(), render_overview(overview)
             detail = await rollout_detail(opened, rollout, limit=bound, classify=label_calls)
             return detail.to_json(), render_rollout_detail(detail)

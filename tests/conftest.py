@@ -27,6 +27,43 @@ if TYPE_CHECKING:
     from agl_bridge.types import LLMCall
 
 
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """Under CI=true, a skip for something CI must provide (`skip_groups.SKIP_GROUPS`) fails the test instead."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.skipped and _in_ci() and not hasattr(report, "wasxfail"):
+        from skip_groups import skip_group
+
+        reason = _skip_reason(report)
+        group = skip_group(reason)
+        if group is not None and group.required_in_ci:
+            report.outcome = "failed"
+            report.longrepr = f"CI=true must not skip {group.name}: {reason} — {group.enable} (.ci/run does)"
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """At the end of a run: every skipped group, how many, and the one command that enables it."""
+    from skip_groups import summary_lines
+
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if not hasattr(r, "wasxfail")]
+    if not skipped:
+        return
+    terminalreporter.section("skipped, and how to run them")
+    for line in summary_lines([_skip_reason(report) for report in skipped]):
+        terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_agl_bridge_cache(tmp_path_factory: pytest.TempPathFactory):
     """Point AGL_BRIDGE_CACHE at a per-session temp dir so tests never write to the user's cache."""

@@ -103,3 +103,23 @@ def one_id_per_byte(tokenizer: Any, text: str) -> list[int]:
     ids = [tokenizer.convert_tokens_to_ids(alphabet[byte]) for byte in text.encode("utf-8")]
     assert all(isinstance(i, int) and i != tokenizer.unk_token_id for i in ids), "a byte missing from the vocabulary"
     return ids
+
+
+def replayable_stores(monkeypatch: Any) -> None:
+    """Make stores built from now on in this test hold identical ids and times, whatever the backend.
+
+    The ids a store makes (attempts, rollouts without one) come from a counter, and the clock reads
+    one fixed instant, so the same writes into a SQLite file and a PostgreSQL database give records
+    that print the same (for tests comparing what commands show of each). Call it again before
+    building the next store: the ids start over.
+    """
+    import itertools
+    import time
+
+    from agl_bridge.store import batched
+
+    counters: dict[str, itertools.count[int]] = {}
+    monkeypatch.setattr(
+        batched, "new_id", lambda prefix: f"{prefix}-{next(counters.setdefault(prefix, itertools.count())):06d}"
+    )
+    monkeypatch.setattr(time, "time", lambda: 1_767_225_600.25)

@@ -9,6 +9,7 @@ __all__ = [
     "AttemptNotFoundError",
     "DuplicateRecordError",
     "InvalidTransitionError",
+    "NoStoreError",
     "RolloutNotFoundError",
     "StoreClosedError",
     "StoreConflictError",
@@ -22,6 +23,13 @@ __all__ = [
 
 class StoreError(Exception):
     """Base class of every store error."""
+
+
+class NoStoreError(StoreError):
+    """No store where one was named: a missing, empty or directory path, or a database without a store.
+
+    Read-only commands raise it instead of creating a fresh empty store there.
+    """
 
 
 class StoreSchemaError(StoreError):

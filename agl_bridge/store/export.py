@@ -34,7 +34,9 @@ from typing import Any
 
 from agl_bridge.export_files import ExportCounts, atomic_output, closing_stream
 from agl_bridge.store.base import Store
-from agl_bridge.store.errors import RolloutNotFoundError, StoreError
+from agl_bridge.store.errors import NoStoreError, RolloutNotFoundError
+from agl_bridge.store.location import StoreLocation, is_postgres_location, store_at
+from agl_bridge.store.postgres import PostgresStore
 from agl_bridge.store.sqlite import SQLiteStore
 from agl_bridge.types import LLMCall, Reward, Usage
 
@@ -43,10 +45,6 @@ LLM_CALL_KIND = "llm_call"
 
 REWARD_KIND = "reward"
 """`kind` of an exported reward record."""
-
-
-class NoStoreError(StoreError):
-    """The path given as a store is missing, empty or a directory (nothing was created there)."""
 
 
 def check_store_file(path: str | os.PathLike[str]) -> Path:
@@ -67,13 +65,20 @@ def check_store_file(path: str | os.PathLike[str]) -> Path:
     return where
 
 
-def open_existing_store(path: str | os.PathLike[str]) -> SQLiteStore:
-    """An unopened `SQLiteStore` on an existing store file (NoStoreError if there is none).
+def open_existing_store(location: StoreLocation) -> SQLiteStore | PostgresStore:
+    """An unopened store on an existing store: a SQLite file, or a PostgreSQL database that holds one.
 
-    Use as `async with open_existing_store(path) as store:`; opening raises StoreSchemaError for a
-    file that is not a store of this schema version.
+    Raises NoStoreError if there is none there (nothing is created), and for a PostgreSQL URL
+    StoreUnavailableError / StoreSchemaError naming host, port and the fix
+    (`postgres_check.check_postgres_store`). Use as `async with open_existing_store(location) as store:`;
+    opening raises StoreSchemaError for a file that is not a store of this schema version.
     """
-    return SQLiteStore(check_store_file(path))
+    if is_postgres_location(location):
+        from agl_bridge.store.postgres_check import check_postgres_store
+
+        check_postgres_store(location)
+        return store_at(location)
+    return SQLiteStore(check_store_file(location))
 
 
 def call_record(call: LLMCall) -> dict[str, Any]:

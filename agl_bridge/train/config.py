@@ -594,12 +594,13 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GR
         raise ConfigError(f"{path} must hold a mapping of settings")
     merged = {**raw, **(overrides or {})}
     base = path.resolve().parent
-    for name in ("tasks", "eval_tasks", "validation_tasks", "offline_data", "adapter_dir", "litellm_config"):
+    for name in ("tasks", "eval_tasks", "validation_tasks", "adapter_dir", "litellm_config"):
         value = merged.get(name)
         if isinstance(value, str) and value and not Path(value).is_absolute():
             merged[name] = str(base / value)  # before validation, which may read the file
-    if _relative_file(merged.get("store")):
-        merged["store"] = str(base / merged["store"])
+    for name in ("store", "offline_data"):  # a store, or offline data read from one: a file or a URL
+        if _relative_file(merged.get(name)):
+            merged[name] = str(base / merged[name])
     follow = merged.get("follow")
     if isinstance(follow, dict) and _relative_file(follow.get("store")):
         merged["follow"] = {**follow, "store": str(base / follow["store"])}
@@ -683,5 +684,5 @@ def config_to_dict(config: GRPOConfig) -> dict[str, Any]:
 
 
 def _relative_file(store: object) -> bool:
-    """Whether a `store` setting is a relative file path (resolved against the config's folder; a URL is not)."""
+    """Whether a store setting (`store`, `offline_data`) is a relative file path (a URL is not)."""
     return isinstance(store, str) and bool(store) and not is_postgres_location(store) and not Path(store).is_absolute()

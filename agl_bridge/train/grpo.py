@@ -56,6 +56,9 @@ from agl_bridge.runner import (
 from agl_bridge.runner.recovery import fail_interrupted
 from agl_bridge.runner.runner import AgentFunction
 from agl_bridge.store.base import Store
+from agl_bridge.store.errors import StoreError
+from agl_bridge.store.location import is_postgres_location
+from agl_bridge.store.postgres_check import check_postgres_store
 from agl_bridge.train.advantages import AdvantageBatch, batch_datums, group_advantages
 from agl_bridge.train.best_adapter import BestAdapter
 from agl_bridge.train.client import TrainingClient
@@ -105,10 +108,15 @@ class GRPOTrainer:
         if config.mode == "dpo":
             return
         if config.offline_data:
-            if not Path(config.offline_data).is_file():
+            if is_postgres_location(config.offline_data):
+                try:  # before the model loads: an unreachable or empty database is said in one line now
+                    check_postgres_store(config.offline_data)
+                except StoreError as exc:
+                    raise ConfigError(f"offline_data: {exc}") from None
+            elif not Path(config.offline_data).is_file():
                 raise ConfigError(
-                    f"offline_data {config.offline_data} does not exist; give a store (.sqlite) or trajectories "
-                    "(.jsonl/.parquet)"
+                    f"offline_data {config.offline_data} does not exist; give a store (.sqlite, or a "
+                    "postgresql:// URL) or trajectories (.jsonl/.parquet)"
                 )
             return
         if agent is None and not config.agent:

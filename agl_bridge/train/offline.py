@@ -22,7 +22,8 @@ from agl_bridge.convert import (
 from agl_bridge.errors import ConfigError
 from agl_bridge.models.loading import resolve_model_path
 from agl_bridge.runner import TaskSchedule
-from agl_bridge.store.sqlite import SQLiteStore
+from agl_bridge.store.export import open_existing_store
+from agl_bridge.store.location import describe_location, is_postgres_location
 from agl_bridge.train.advantages import batch_datums, group_advantages
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
@@ -36,17 +37,18 @@ async def offline_groups(path: str, options: ConvertOptions, log: RunLog | None 
     """The GRPO groups of recorded trajectories: from a store (converted now, with the run's `options`)
     or an exported file (converted when it was exported).
 
-    From a store, what could not be converted (and why) and the calls by class are said on the
-    log's console (stderr).
+    A store is a SQLite file (.sqlite, .db, .sqlite3) or a PostgreSQL URL; it must exist (StoreError
+    saying why not). From a store, what could not be converted (and why) and the calls by class are
+    said on the log's console (stderr).
     """
-    if Path(path).suffix in (".sqlite", ".db", ".sqlite3"):
+    if is_postgres_location(path) or Path(path).suffix in (".sqlite", ".db", ".sqlite3"):
         report = ConversionReport()
-        async with SQLiteStore(path) as store:
+        async with open_existing_store(path) as store:
             trajectories = [t async for t in convert_store(store, options=options, report=report)]
         if log is not None:
             for line in (report.left_out(), report.by_class_line()):
                 if line:
-                    log.say(f"{path}: {report.attempts_converted} attempts converted; {line}")
+                    log.say(f"{describe_location(path)}: {report.attempts_converted} attempts converted; {line}")
     else:
         trajectories = list(iter_trajectories(path))
     return list(group_trajectories(trajectories).values())

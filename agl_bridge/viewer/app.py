@@ -34,6 +34,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from agl_bridge.store.errors import StoreError
+from agl_bridge.store.location import is_postgres_location
 from agl_bridge.types import Attempt, AttemptStatus
 from agl_bridge.viewer.access import KeyGate, cookie_name
 from agl_bridge.viewer.chat import chat_message, response_message
@@ -52,6 +53,7 @@ from agl_bridge.viewer.listing import (
     same_task,
     store_counts,
 )
+from agl_bridge.viewer.pg_db import PostgresReadOnlyStore
 from agl_bridge.viewer.records import get_call, record_counts
 from agl_bridge.viewer.run_dir import MetricsLog, RunSettings, load_run_settings
 from agl_bridge.viewer.slow_imports import trainer_group_advantages
@@ -82,7 +84,11 @@ class Viewer:
     def __init__(self, store: str | Path, run_dir: Path | None = None, model: str | None = None) -> None:
         self.run_dir = run_dir
         self.settings: RunSettings = load_run_settings(run_dir)
-        self.store = ReadOnlyStore(store, setup=self._setup)
+        self.store: ReadOnlyStore | PostgresReadOnlyStore = (
+            PostgresReadOnlyStore(store, options=self.settings.options)
+            if is_postgres_location(store)
+            else ReadOnlyStore(store, setup=self._setup)
+        )
         self.metrics = MetricsLog(run_dir) if run_dir is not None else None
         self.texts = TokenTexts(model or self.settings.model)
         # The trained views import the trainer's advantages (the train package loads torch): start now, not on a page.
@@ -226,7 +232,7 @@ def create_app(viewer: Viewer, *, key: str, port: int) -> KeyGate:
         with viewer.store.snapshot() as conn:
             listed = list_rollouts(conn, query, viewer.settings.options, page_size=1000)
             if not listed.rows:
-                raise HTTPException(404, f"no rollouts with group id {group_id!r} in {viewer.store.path}")
+                raise HTTPException(404, f"no rollouts with group id {group_id!r} in {viewer.store.where}")
             training = train_group_ids(conn, [group_id], viewer.settings)[group_id]
         for row in listed.rows:
             final = row.final_attempt
@@ -360,7 +366,7 @@ def _rollout_context(
     """What the rollout page (and each side of a comparison) shows; 404 for an unknown rollout or attempt."""
     found = rollout_rows(conn, [rollout_id], viewer.settings.options)
     if not found:
-        raise HTTPException(404, f"no rollout {rollout_id!r} in {viewer.store.path}")
+        raise HTTPException(404, f"no rollout {rollout_id!r} in {viewer.store.where}")
     row = found[0]
     rollout, attempts = row.rollout, row.attempts
     has_outside = any(record_counts(conn, rollout_id, None))

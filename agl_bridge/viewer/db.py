@@ -34,6 +34,10 @@ class ReadOnlyStore:
 
     def __init__(self, path: str | Path, *, setup: ConnectionSetup | None = None, busy_timeout_s: float = 5.0) -> None:
         self.path = check_store_file(path)
+        self.where = str(self.path)
+        """How pages and messages name the store."""
+        self.name = self.path.name
+        """The store's short name (its file name)."""
         self._uri = f"{self.path.resolve().as_uri()}?mode=ro"
         self._setup = setup
         self._busy_timeout_s = busy_timeout_s

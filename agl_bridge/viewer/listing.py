@@ -9,7 +9,6 @@ attempt its outcome is about, as the converter scores it — weighted as the run
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,7 @@ from agl_bridge.convert.policy import weighted_return
 from agl_bridge.store.codec import decode_json, encode_json
 from agl_bridge.store.sqlite_rows import NO_ID
 from agl_bridge.types import Attempt, Rollout, RolloutStatus
-from agl_bridge.viewer.records import get_attempts, get_rollouts, marks
+from agl_bridge.viewer.records import Reader, get_attempts, get_rollouts, marks
 from agl_bridge.viewer.steps import EVAL, TRAIN, StepRef, step_of, train_group_range
 
 PAGE_SIZE = 50
@@ -234,7 +233,7 @@ class RolloutPage:
 
 
 def list_rollouts(
-    conn: sqlite3.Connection, query: RolloutQuery, options: ConvertOptions, page_size: int = PAGE_SIZE
+    conn: Reader, query: RolloutQuery, options: ConvertOptions, page_size: int = PAGE_SIZE
 ) -> RolloutPage:
     """The page `query` asks for."""
     where, args = query.where()
@@ -248,7 +247,7 @@ def list_rollouts(
     return RolloutPage(query, rollout_rows(conn, [row[0] for row in rows], options), total)
 
 
-def rollout_rows(conn: sqlite3.Connection, rollout_ids: list[str], options: ConvertOptions) -> list[RolloutRow]:
+def rollout_rows(conn: Reader, rollout_ids: list[str], options: ConvertOptions) -> list[RolloutRow]:
     """The table rows of `rollout_ids` (in that order)."""
     rollouts = get_rollouts(conn, rollout_ids)
     attempts = get_attempts(conn, rollout_ids)
@@ -296,7 +295,7 @@ class GroupSummary:
         return step_of(self.group_id)
 
 
-def groups(conn: sqlite3.Connection, low: str | None = None, high: str | None = None) -> list[GroupSummary]:
+def groups(conn: Reader, low: str | None = None, high: str | None = None) -> list[GroupSummary]:
     """Every group (or those with low <= group id < high), in group id order."""
     where, args = (
         ("WHERE group_id IS NOT NULL", []) if low is None else ("WHERE group_id >= ? AND group_id < ?", [low, high])
@@ -326,7 +325,7 @@ class StoreCounts:
     spans: int
 
 
-def store_counts(conn: sqlite3.Connection) -> StoreCounts:
+def store_counts(conn: Reader) -> StoreCounts:
     """How much the store holds."""
     by_status = dict(conn.execute("SELECT status, count(*) FROM rollouts GROUP BY status").fetchall())
     return StoreCounts(
@@ -338,7 +337,7 @@ def store_counts(conn: sqlite3.Connection) -> StoreCounts:
     )
 
 
-def same_task(conn: sqlite3.Connection, rollout: Rollout, limit: int = 20) -> list[tuple[str, str | None, str]]:
+def same_task(conn: Reader, rollout: Rollout, limit: int = 20) -> list[tuple[str, str | None, str]]:
     """Other rollouts of the same task (rollout id, group id, status), oldest first."""
     rows = conn.execute(
         "SELECT rollout_id, group_id, status FROM rollouts WHERE task = ? AND rollout_id != ? ORDER BY rowid LIMIT ?",

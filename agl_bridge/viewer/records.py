@@ -1,17 +1,18 @@
 """Store rows → the store's own records (`Rollout`, `Attempt`, `LLMCall`, `Reward`, `StoredSpan`), read-only.
 
 The column lists and decoders are the store's (`agl_bridge.store.sqlite_rows`), so what the viewer
-shows is exactly what `SQLiteStore` would hand the converter or an export.
+shows is exactly what `SQLiteStore` (or `PostgresStore`) would hand the converter or an export. `conn`
+is a sqlite3 connection or the viewer's `PostgresConnection` (`pg_db.py`: same SQL, same rows).
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from agl_bridge.store.base import group_rollout_records
 from agl_bridge.store.codec import decode_json
+from agl_bridge.store.postgres_writer import RESPONSE_TEXT_INDEX, from_pg_call_row
 from agl_bridge.store.sqlite_rows import (
     ATTEMPT_SELECT,
     LLM_CALL_SELECT,
@@ -21,13 +22,28 @@ from agl_bridge.store.sqlite_rows import (
     SPAN_SELECT,
     TOKEN_CALL_SELECT,
     decode_attempt,
-    decode_llm_call,
     decode_reward,
     decode_rollout,
     decode_span,
     decode_token_call,
 )
+from agl_bridge.store.sqlite_rows import decode_llm_call as decode_call_row
 from agl_bridge.types import Attempt, LLMCall, Reward, Rollout, RolloutRecords, StoredSpan
+
+
+def decode_llm_call(row: Sequence[Any]) -> LLMCall:
+    """The store's `decode_llm_call` of a row of either backend (PostgreSQL keeps the response text as bytes)."""
+    if isinstance(row[RESPONSE_TEXT_INDEX], (bytes, memoryview)):
+        row = from_pg_call_row(row)
+    return decode_call_row(row)
+
+
+class Reader(Protocol):
+    """A connection the pages read through: sqlite3's, or `pg_db.PostgresConnection` (the same SQL on PostgreSQL)."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Any:
+        """Run one query with `?` placeholders; a cursor (fetchone, fetchall, iteration over tuples)."""
+        ...
 
 
 def marks(values: Sequence[Any]) -> str:
@@ -35,7 +51,7 @@ def marks(values: Sequence[Any]) -> str:
     return ", ".join("?" for _ in values)
 
 
-def get_rollouts(conn: sqlite3.Connection, rollout_ids: Sequence[str]) -> dict[str, Rollout]:
+def get_rollouts(conn: Reader, rollout_ids: Sequence[str]) -> dict[str, Rollout]:
     """The rollouts of `rollout_ids` that exist, by id."""
     if not rollout_ids:
         return {}
@@ -45,7 +61,7 @@ def get_rollouts(conn: sqlite3.Connection, rollout_ids: Sequence[str]) -> dict[s
     return {row[0]: decode_rollout(row) for row in rows}
 
 
-def get_attempts(conn: sqlite3.Connection, rollout_ids: Sequence[str]) -> dict[str, list[Attempt]]:
+def get_attempts(conn: Reader, rollout_ids: Sequence[str]) -> dict[str, list[Attempt]]:
     """The attempts of each rollout, by number."""
     if not rollout_ids:
         return {}
@@ -59,9 +75,7 @@ def get_attempts(conn: sqlite3.Connection, rollout_ids: Sequence[str]) -> dict[s
     return attempts
 
 
-def rollout_records(
-    conn: sqlite3.Connection, rollout_ids: Sequence[str], *, tokens_only: bool = True
-) -> list[RolloutRecords]:
+def rollout_records(conn: Reader, rollout_ids: Sequence[str], *, tokens_only: bool = True) -> list[RolloutRecords]:
     """The records of the given (existing) rollouts, as the store's `iter_rollout_records` bundles them."""
     rollouts = get_rollouts(conn, rollout_ids)
     ids = [rollout_id for rollout_id in dict.fromkeys(rollout_ids) if rollout_id in rollouts]
@@ -92,7 +106,7 @@ def attempt_key(attempt_id: str | None) -> str:
 
 
 def _rows_after(
-    conn: sqlite3.Connection, table: str, select: str, rollout_id: str, attempt_id: str | None, after: int, limit: int
+    conn: Reader, table: str, select: str, rollout_id: str, attempt_id: str | None, after: int, limit: int
 ) -> list[Any]:
     order = "sequence, choice_index" if table == "llm_calls" else "sequence"
     return conn.execute(
@@ -102,33 +116,27 @@ def _rows_after(
     ).fetchall()
 
 
-def calls_after(
-    conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None, after: int, limit: int
-) -> list[LLMCall]:
+def calls_after(conn: Reader, rollout_id: str, attempt_id: str | None, after: int, limit: int) -> list[LLMCall]:
     """Up to `limit` calls of one attempt with sequence > `after`, in (sequence, choice) order."""
     rows = _rows_after(conn, "llm_calls", LLM_CALL_SELECT, rollout_id, attempt_id, after, limit)
     return [decode_llm_call(row) for row in rows]
 
 
-def rewards_after(
-    conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None, after: int, limit: int
-) -> list[Reward]:
+def rewards_after(conn: Reader, rollout_id: str, attempt_id: str | None, after: int, limit: int) -> list[Reward]:
     """Up to `limit` rewards of one attempt with sequence > `after`."""
     return [
         decode_reward(row) for row in _rows_after(conn, "rewards", REWARD_SELECT, rollout_id, attempt_id, after, limit)
     ]
 
 
-def spans_after(
-    conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None, after: int, limit: int
-) -> list[StoredSpan]:
+def spans_after(conn: Reader, rollout_id: str, attempt_id: str | None, after: int, limit: int) -> list[StoredSpan]:
     """Up to `limit` generic spans of one attempt with sequence > `after`."""
     rows = _rows_after(conn, "spans", SPAN_SELECT, rollout_id, attempt_id, after, limit)
     return [decode_span(row) for row in rows]
 
 
 def previous_call_messages(
-    conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None, before: int
+    conn: Reader, rollout_id: str, attempt_id: str | None, before: int
 ) -> list[dict[str, Any]] | None:
     """The messages of the last call of an attempt with sequence <= `before`, or None."""
     row = conn.execute(
@@ -139,9 +147,7 @@ def previous_call_messages(
     return None if row is None else decode_json(row[0])
 
 
-def get_call(
-    conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None, sequence: int, choice: int
-) -> LLMCall | None:
+def get_call(conn: Reader, rollout_id: str, attempt_id: str | None, sequence: int, choice: int) -> LLMCall | None:
     """One call by its place, or None."""
     row = conn.execute(
         f"SELECT {LLM_CALL_SELECT} FROM llm_calls WHERE rollout_key = ? AND attempt_key = ? AND sequence = ? "
@@ -151,7 +157,7 @@ def get_call(
     return None if row is None else decode_llm_call(row)
 
 
-def record_counts(conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None) -> tuple[int, int, int]:
+def record_counts(conn: Reader, rollout_id: str, attempt_id: str | None) -> tuple[int, int, int]:
     """(calls, rewards, spans) of one attempt."""
     key = (rollout_id, attempt_key(attempt_id))
     where = "WHERE rollout_key = ? AND attempt_key = ?"

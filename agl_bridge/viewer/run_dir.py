@@ -19,11 +19,21 @@ from pathlib import Path
 from typing import Any
 
 from agl_bridge.convert import DEFAULT_TRAIN_CLASSES, ConvertOptions
+from agl_bridge.store.location import is_postgres_location
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 STORE_FILE = "store.sqlite"
 """The store a training run records into, inside its run directory."""
+
+
+def run_store(run_dir: Path) -> str:
+    """The store a run recorded into: its config's PostgreSQL `store` URL, else `run_dir/store.sqlite`."""
+    try:
+        store = json.loads((run_dir / CONFIG_FILE).read_text(encoding="utf-8")).get("store")
+    except (OSError, ValueError, AttributeError):
+        store = None
+    return store if is_postgres_location(store) else str(run_dir / STORE_FILE)
 
 
 @dataclass(frozen=True, slots=True)

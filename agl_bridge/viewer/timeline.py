@@ -9,13 +9,12 @@ always holds every choice of its last call.
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
 from agl_bridge.types import LLMCall, Reward, StoredSpan
 from agl_bridge.viewer.chat import ChatMessage, chat_message, new_messages, response_message
-from agl_bridge.viewer.records import calls_after, previous_call_messages, rewards_after, spans_after
+from agl_bridge.viewer.records import Reader, calls_after, previous_call_messages, rewards_after, spans_after
 
 PAGE_ITEMS = 50
 
@@ -74,7 +73,7 @@ class TimelinePage:
 
 
 def timeline_page(
-    conn: sqlite3.Connection, rollout_id: str, attempt_id: str | None, after: int = -1, size: int = PAGE_ITEMS
+    conn: Reader, rollout_id: str, attempt_id: str | None, after: int = -1, size: int = PAGE_ITEMS
 ) -> TimelinePage:
     """The records of one attempt (None: the rollout's records outside any attempt) after sequence `after`."""
     calls = calls_after(conn, rollout_id, attempt_id, after, size + 1)

@@ -13,7 +13,6 @@ thousands of tokens, and a Python join is an order of magnitude faster than a te
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -23,7 +22,7 @@ from agl_bridge import semconv
 from agl_bridge.convert import ConversionReport, DropReason, Trajectory, TrajectorySegment, convert_rollout_attempts
 from agl_bridge.convert.graph import label_calls
 from agl_bridge.types import Attempt, Rollout, RolloutRecords
-from agl_bridge.viewer.records import marks, rollout_records
+from agl_bridge.viewer.records import Reader, marks, rollout_records
 from agl_bridge.viewer.run_dir import RunSettings
 from agl_bridge.viewer.slow_imports import trainer_group_advantages
 from agl_bridge.viewer.tokens import TokenTexts
@@ -99,9 +98,7 @@ def group_key(rollout: Rollout) -> str:
     return rollout.group_id if rollout.group_id is not None else rollout.rollout_id
 
 
-def train_groups(
-    conn: sqlite3.Connection, rollouts: Iterable[Rollout], settings: RunSettings
-) -> dict[str, GroupTraining]:
+def train_groups(conn: Reader, rollouts: Iterable[Rollout], settings: RunSettings) -> dict[str, GroupTraining]:
     """The GroupTraining of each rollout's group, by `group_key`."""
     members: dict[str, list[str]] = {}
     group_ids = []
@@ -114,7 +111,7 @@ def train_groups(
     return _train_members(conn, members, settings)
 
 
-def group_members(conn: sqlite3.Connection, group_ids: Iterable[str]) -> dict[str, list[str]]:
+def group_members(conn: Reader, group_ids: Iterable[str]) -> dict[str, list[str]]:
     """The rollout ids of each group, in creation order."""
     wanted = list(dict.fromkeys(group_ids))
     members: dict[str, list[str]] = {group_id: [] for group_id in wanted}
@@ -126,16 +123,12 @@ def group_members(conn: sqlite3.Connection, group_ids: Iterable[str]) -> dict[st
     return members
 
 
-def train_group_ids(
-    conn: sqlite3.Connection, group_ids: Iterable[str], settings: RunSettings
-) -> dict[str, GroupTraining]:
+def train_group_ids(conn: Reader, group_ids: Iterable[str], settings: RunSettings) -> dict[str, GroupTraining]:
     """The GroupTraining of each group id."""
     return _train_members(conn, group_members(conn, group_ids), settings)
 
 
-def _train_members(
-    conn: sqlite3.Connection, members: dict[str, list[str]], settings: RunSettings
-) -> dict[str, GroupTraining]:
+def _train_members(conn: Reader, members: dict[str, list[str]], settings: RunSettings) -> dict[str, GroupTraining]:
     records = {r.rollout.rollout_id: r for r in rollout_records(conn, [i for ids in members.values() for i in ids])}
     return {key: _train_group(key, [records[i] for i in ids if i in records], settings) for key, ids in members.items()}
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agl_bridge.store import SQLiteStore
+from agl_bridge.store import PostgresStore, SQLiteStore, store_at
 from agl_bridge.types import AttemptStatus, LLMCall, Reward, RolloutStatus, StoredSpan
 
 KEY = "test-key"
@@ -39,13 +39,15 @@ def call(
     return LLMCall(**fields)
 
 
-async def finish(store: SQLiteStore, rollout_id: str, attempt_id: str, status: AttemptStatus, **kwargs: Any) -> None:
+async def finish(
+    store: SQLiteStore | PostgresStore, rollout_id: str, attempt_id: str, status: AttemptStatus, **kwargs: Any
+) -> None:
     """Close an attempt and its rollout with `status`."""
     await store.finish_attempt(attempt_id, status, **kwargs)
     await store.set_rollout_status(rollout_id, RolloutStatus(status.value))
 
 
-async def build_store(path: Path) -> None:
+async def build_store(path: Path | str) -> None:
     """The scenario (rollout ids in brackets):
 
     step 1 (group s0-0, task "alpha"): [ro-a1] one call, reward 1; [ro-a2] two turns in one sequence,
@@ -55,8 +57,9 @@ async def build_store(path: Path) -> None:
     step 2 (group s1-0, task "gamma"): [ro-c1] still running, one call.
     held-out after step 1 (group eval1-12345678-0): [ro-e1] reward 1.
     no group: [ro-solo] a token call, a text-only call, and a reward recorded outside any attempt.
+    `path` is a SQLite file or a PostgreSQL URL.
     """
-    async with SQLiteStore(path) as store:
+    async with store_at(path) as store:
         for rollout_id, group, task in (
             ("ro-a1", "s0-0", "alpha"),
             ("ro-a2", "s0-0", "alpha"),
