@@ -20,6 +20,7 @@ from shared_helpers import free_port, replayable_stores
 from typer.testing import CliRunner
 
 from agl_bridge.cli import STORE_ENV, app
+from agl_bridge.convert import DEFAULT_OPTIONS
 from agl_bridge.store import store_at
 from agl_bridge.store.errors import NoStoreError
 from agl_bridge.store.postgres_check import StoreConnectionError, check_postgres_store
@@ -133,7 +134,7 @@ def test_agl_store_names_the_store_when_store_is_not_given(stores: tuple[str, st
 
 def test_offline_training_reads_the_same_groups_from_postgresql(stores: tuple[str, str]) -> None:
     sqlite, postgres = stores
-    from_sqlite, from_postgres = (asyncio.run(offline_groups(where)) for where in (sqlite, postgres))
+    from_sqlite, from_postgres = (asyncio.run(offline_groups(where, DEFAULT_OPTIONS)) for where in (sqlite, postgres))
     assert from_postgres == from_sqlite
     assert [len(group) for group in from_postgres] == [2]
 
