@@ -20,7 +20,14 @@ from agl_bridge.types import LLMCall, Reward, Usage
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
-FIXTURE_NAMES = ("opencode", "opencode-compaction", "claude-code-compact", "codex-compaction", "client-retry", "subagent")
+FIXTURE_NAMES = (
+    "opencode",
+    "opencode-compaction",
+    "claude-code-compact",
+    "codex-compaction",
+    "client-retry",
+    "subagent",
+)
 """Every recorded scenario (fixtures/record.py); a name is the file `<name>.jsonl.gz`."""
 
 _CALL_FIELDS = {field.name for field in dataclasses.fields(LLMCall)}
@@ -48,12 +55,11 @@ def _call(record: dict[str, Any]) -> LLMCall:
     # Exports made before `declared_class`/`declared_parent` existed lack them (LLMCall's defaults
     # then apply); a field this LLMCall does not know, from a newer export, is left out.
     fields = {key: value for key, value in record.items() if key in _CALL_FIELDS and key not in ("kind", "usage")}
-    usage = record.get("usage")
-    return LLMCall(
-        **fields,
-        kind=record["call_kind"],
-        usage=None if usage is None else Usage(input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"]),
+    counts = record.get("usage")
+    usage = (
+        None if counts is None else Usage(input_tokens=counts["input_tokens"], output_tokens=counts["output_tokens"])
     )
+    return LLMCall(**fields, kind=record["call_kind"], usage=usage)
 
 
 def read_records(name: str) -> list[dict[str, Any]]:
