@@ -25,11 +25,9 @@ env = {
     "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
     "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
     "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
-    # A model id it does not know gets a 1M-token window, and a window under 100k is read as 100k (it says so):
-    # take the 100k minimum and compact at 50% of it (50k tokens), before tiny's 65,536-token window is full.
-    # For a served window of W >= 100k: CLAUDE_CODE_AUTO_COMPACT_WINDOW=W and no percentage.
-    "CLAUDE_CODE_AUTO_COMPACT_WINDOW": "100000",
-    "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "50",
+    # A model id it does not know gets a 1M-token window: give it the served one (tiny's). It compacts ~33k
+    # tokens before the end. CLAUDE_CODE_AUTO_COMPACT_WINDOW cannot say this: under 100k it reads as 100k.
+    "CLAUDE_CODE_MAX_CONTEXT_TOKENS": "65536",
     # Nothing but model calls leaves the machine: no telemetry, error reports or update checks.
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     "DISABLE_TELEMETRY": "1",
