@@ -25,8 +25,9 @@ env = {
     "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
     "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
     "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
-    # A model id it does not know gets a 1M-token window: give it the served one (tiny's), so it compacts in time.
-    "CLAUDE_CODE_AUTO_COMPACT_WINDOW": "65536",
+    # A model id it does not know gets a 1M-token window: give it the served one (tiny's). It compacts ~33k
+    # tokens before the end. CLAUDE_CODE_AUTO_COMPACT_WINDOW cannot say this: under 100k it reads as 100k.
+    "CLAUDE_CODE_MAX_CONTEXT_TOKENS": "65536",
     # Nothing but model calls leaves the machine: no telemetry, error reports or update checks.
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     "DISABLE_TELEMETRY": "1",

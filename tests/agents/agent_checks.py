@@ -154,3 +154,41 @@ def check_multi_turn(calls: Sequence[LLMCall], decode: Callable[[Sequence[int]],
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+TITLE_MARKERS = ("You are a title generator",)
+"""Opening words of a title generator's instructions (opencode's title call)."""
+
+SUMMARY_MARKERS = (
+    "You are a context summarization agent",  # opencode's compaction agent (its instructions)
+    "create a detailed summary of the conversation",  # Claude Code's /compact and auto-compaction (last user message)
+    "CONTEXT CHECKPOINT COMPACTION",  # Codex's compaction (last user message)
+)
+"""Words only a summarisation (compaction) request of the recorded agents carries, where they carry them."""
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """A recorded message's text, whatever shape its content has (a string, or parts with text)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "\n".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
+    return str(content or "")
+
+
+def auxiliary_by_content(calls: Sequence[LLMCall]) -> dict[int, str]:
+    """The calls that are plainly a title call (`"title"`) or a summarisation (`"summary"`) by what they say.
+
+    Keyed by sequence. Read from the instructions' opening (system/developer messages, first 300
+    characters: opencode's main prompt mentions summaries further down) and the last user message,
+    so the live recipe tests can check the converter's classes against the calls' content.
+    """
+    found: dict[int, str] = {}
+    for call in calls:
+        system = "\n".join(message_text(m) for m in call.messages if m.get("role") in ("system", "developer"))[:300]
+        users = [message_text(m) for m in call.messages if m.get("role") == "user"]
+        said = f"{system}\n{users[-1] if users else ''}".lower()
+        if any(marker.lower() in system.lower() for marker in TITLE_MARKERS):
+            found[call.sequence or 0] = "title"
+        elif any(marker.lower() in said for marker in SUMMARY_MARKERS):
+            found[call.sequence or 0] = "summary"
+    return found

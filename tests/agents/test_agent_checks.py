@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from agent_checks import check_multi_turn, check_reached_and_answered, check_recorded, continuations
+from agent_checks import (
+    auxiliary_by_content,
+    check_multi_turn,
+    check_reached_and_answered,
+    check_recorded,
+    continuations,
+)
 from http_tap import Exchange
 
 from agl_bridge.types import LLMCall
@@ -98,3 +104,25 @@ def test_a_lost_record_or_misaligned_logprobs_fail() -> None:
     misaligned.response_logprobs.pop()
     with pytest.raises(AssertionError):
         check_recorded([misaligned], [_exchange()], "ro-1", "at-1")
+
+
+def test_title_and_summary_calls_are_told_by_what_they_say() -> None:
+    def said(sequence: int, system: str, user: str | list[dict[str, str]]) -> LLMCall:
+        return _call(
+            sequence, [1], [2], messages=[{"role": "system", "content": system}, {"role": "user", "content": user}]
+        )
+
+    opencode = "You are opencode, an interactive CLI tool. " + "x" * 400 + " You are a context summarization agent"
+    calls = [
+        said(0, "You are a title generator. You output ONLY a thread title.", "What is 2 + 3?"),
+        said(1, opencode, "What is 2 + 3?"),  # the words deep in a main prompt do not count
+        said(2, "You are a context summarization agent. You are given a conversation", "Here it is"),
+        said(
+            3,
+            "You are Claude Code",
+            [{"type": "text", "text": "Your task is to create a detailed summary of the conversation so far"}],
+        ),
+        said(4, "You are Codex", "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary"),
+        said(5, "You are Codex", "Summarize nothing; add 4."),
+    ]
+    assert auxiliary_by_content(calls) == {0: "title", 2: "summary", 3: "summary", 4: "summary"}
