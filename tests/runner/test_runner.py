@@ -40,6 +40,7 @@ async def test_groups_endpoints_and_returned_rewards(store) -> None:
     async def agent(task, endpoint):
         seen.append((task, endpoint))
         assert current_rollout().rollout_id == endpoint.rollout_id  # emit_reward would find it
+        assert endpoint.api_key.startswith("agl-agent-") and current_rollout().api_key == "sk-test"
         return {"correct": 1.0, "format": 0.5} if task == "a" else 0.25
 
     runner = _runner(agent, store, group_size=3)
