@@ -63,7 +63,7 @@ class AgentKeys:
         self._signing = derived_key(operator_key, _SIGNING_LABEL)
 
     def mint(self, rollout_id: str, attempt_id: str, *, ttl_s: float | None = None) -> str:
-        """An agent key for (rollout_id, attempt_id), valid for `ttl_s` seconds (None: until the operator key changes)."""
+        """An agent key for (rollout_id, attempt_id), valid for `ttl_s` s (None: until the operator key changes)."""
         if not rollout_id or not attempt_id:
             raise ValueError("an agent key needs both a rollout id and an attempt id")
         if ttl_s is not None and not ttl_s > 0:

@@ -31,9 +31,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from agl_bridge import semconv
+from agl_bridge.agent_keys import AgentKeys
 from agl_bridge.proxy.completions import read_json_object
 from agl_bridge.proxy.request import RequestError, route_of_headers
-from agl_bridge.agent_keys import AgentKeys
 from agl_bridge.store.base import Store
 from agl_bridge.types import DEFAULT_REWARD_NAME, AttemptStatus, Reward, Rollout, RolloutTask, finite_real
 
@@ -60,7 +60,9 @@ def make_lifecycle_router(store: Callable[[], Store], keys: AgentKeys | None = N
         body = await _optional_body(request)
         ttl = body.get("ttl_s")
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < 1e9):
-            raise RequestError(f"ttl_s must be a positive number of seconds (or absent: no expiry), got {ttl!r}", "ttl_s")
+            raise RequestError(
+                f"ttl_s must be a positive number of seconds (or absent: no expiry), got {ttl!r}", "ttl_s"
+            )
         key = keys.mint(rollout_id, attempt_id, ttl_s=ttl)
         return JSONResponse({"rollout_id": rollout_id, "attempt_id": attempt_id, "agent_key": key, "ttl_s": ttl})
 

@@ -6,8 +6,8 @@ operator key): encrypted, so an id shows neither the rollout nor the time, and a
 no id can be made up or altered. That is how its `LLMCall` is found again in the store
 (`find_call`) — no state besides the store, so ids stay valid across restarts and proxies with the
 same operator key. A stored response resolves only within the rollout that made it: a request
-routed to another rollout (an agent key always is) gets the 404 an unknown id gets. Its Responses id (`response_id`) wraps that id in
-LiteLLM's managed-response format, as LiteLLM's bridge wrote it. On that:
+routed to another rollout (an agent key always is) gets the 404 an unknown id gets. Its Responses
+id (`response_id`) wraps that id in LiteLLM's managed-response format, as LiteLLM's bridge wrote it. On that:
 - `previous_response_id` (`resolve_previous_response`, called by the bridge route before it serves
   the request): the stored call's prompt messages and its response become the history the new input
   continues (`PriorTurns`, put in front of the translated messages, so the rollout's token cache
@@ -236,8 +236,8 @@ async def resolve_previous_response(
     call = None if key is None else await find_call(store, key)
     if call is None:
         raise RequestError(
-            f"no response {previous[:100]!r} was served and recorded here in this rollout; send the id of an earlier response "
-            "of this server (or the whole conversation as input)",
+            f"no response {previous[:100]!r} was served and recorded here in this rollout; send the id of an earlier "
+            "response of this server (or the whole conversation as input)",
             "previous_response_id",
             code="not_found",
             status=404,

@@ -159,7 +159,9 @@ async def test_agent_command_gets_its_environment_and_reports_rewards(store, tmp
         "task = json.loads(os.environ['AGL_TASK'])\n"
         "route = f\"/rollout/{os.environ['AGL_ROLLOUT_ID']}/attempt/{os.environ['AGL_ATTEMPT_ID']}/v1\"\n"
         "assert os.environ['OPENAI_BASE_URL'].endswith(route)\n"
-        "assert os.environ['OPENAI_API_KEY'] == os.environ['AGL_API_KEY'] == 'sk-test'\n"
+        "key = os.environ['OPENAI_API_KEY']\n"
+        "assert key == os.environ['AGL_API_KEY'] and key.startswith('agl-agent-')\n"
+        "assert 'sk-test' not in os.environ.values()  # never the operator key\n"
         "assert os.environ['AGL_ENDPOINT'] == 'http://127.0.0.1:9' and os.environ['AGL_MODEL'] == 'tiny'\n"
         "print('agl-reward:', task['n'] * 2)\n"
     )
