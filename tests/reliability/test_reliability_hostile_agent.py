@@ -25,6 +25,7 @@ from shared_helpers import new_id
 from agl_bridge.agent_keys import AgentKeys
 from agl_bridge.proxy.access_log import ACCESS_LOGGER
 from agl_bridge.proxy.adapters import confined
+from agl_bridge.proxy.gateway import Gateway
 from agl_bridge.proxy.request import RequestError
 from agl_bridge.testing.checks import error_problem
 
@@ -297,6 +298,25 @@ def test_expired_keys_are_refused_without_saying_which_part_was_right(proxy_serv
     tampered_body = keys.check(body[:-1] + ("A" if body[-1] != "A" else "B") + "." + signature)
     tampered_signature = keys.check(body + "." + signature[:-1] + ("A" if signature[-1] != "A" else "B"))
     assert tampered_body == tampered_signature  # one answer, whichever part was altered
+
+
+async def test_management_routes_open_to_the_operator_only_when_asked() -> None:
+    seen: list[str] = []
+
+    async def litellm(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    operator = {"Authorization": "Bearer sk-op"}
+    agent = {"Authorization": f"Bearer {AgentKeys('sk-op').mint('ro-1', 'at-0')}"}
+    for opened in (False, True):
+        gateway = Gateway(litellm, api_key="sk-op", management_routes=opened)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway), base_url="http://proxy") as client:
+            assert (await client.get("/config/yaml", headers=operator)).status_code == (200 if opened else 404)
+            assert (await client.get("/config/yaml", headers=agent)).status_code == 404  # never for an agent
+            assert (await client.post("/v1/embeddings", json={}, headers=operator)).status_code == 200
+    assert seen == ["/v1/embeddings", "/config/yaml", "/v1/embeddings"]
 
 
 def test_adapters_load_only_from_inside_the_adapter_directory(tmp_path: Path) -> None:
