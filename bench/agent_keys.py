@@ -8,6 +8,10 @@ both see the same machine state. Also timed alone: `Gateway.principal` for each 
 itself). Prints one JSON line.
 
     PYTHONPATH=$PWD .venv/bin/python bench/agent_keys.py [--requests 20000]
+
+Today's figure (before agent keys): run the same script over the code before them; it then times the
+operator key only (`"agent_keys": false`), e.g.
+    git archive 54b6bd8 agl_bridge | tar -x -C /tmp/before && PYTHONPATH=/tmp/before .venv/bin/python bench/agent_keys.py
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ import statistics
 import time
 from typing import Any
 
-from agl_bridge.agent_keys import AgentKeys
 from agl_bridge.proxy.gateway import Gateway
+
+try:
+    from agl_bridge.agent_keys import AgentKeys
+except ImportError:  # the code before agent keys: time the operator key alone
+    AgentKeys = None  # type: ignore[assignment,misc]
 
 OPERATOR_KEY = "sk-bench-operator-key-0123456789"
 BODY = json.dumps({"model": "other", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -65,21 +73,23 @@ async def _one(gateway: Gateway, headers: list[tuple[bytes, bytes]]) -> float:
 
 async def _requests(count: int) -> dict[str, float]:
     gateway = Gateway(_instant, api_key=OPERATOR_KEY)
-    agent_key = AgentKeys(OPERATOR_KEY).mint("ro-bench", "at-0", ttl_s=3600)
     base = [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]
-    operator = [*base, (b"authorization", f"Bearer {OPERATOR_KEY}".encode())]
-    agent = [*base, (b"authorization", f"Bearer {agent_key}".encode())]
+    keys = {"operator": [*base, (b"authorization", f"Bearer {OPERATOR_KEY}".encode())]}
+    if AgentKeys is not None:
+        agent_key = AgentKeys(OPERATOR_KEY).mint("ro-bench", "at-0", ttl_s=3600)
+        keys["agent"] = [*base, (b"authorization", f"Bearer {agent_key}".encode())]
     for _ in range(500):  # warm-up
-        await _one(gateway, operator)
-        await _one(gateway, agent)
-    times: dict[str, list[float]] = {"operator": [], "agent": []}
+        for headers in keys.values():
+            await _one(gateway, headers)
+    times: dict[str, list[float]] = {name: [] for name in keys}
     for _ in range(count):
-        times["operator"].append(await _one(gateway, operator))
-        times["agent"].append(await _one(gateway, agent))
+        for name, headers in keys.items():
+            times[name].append(await _one(gateway, headers))
     return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 
 def _check_alone(count: int) -> dict[str, float]:
+    assert AgentKeys is not None
     gateway = Gateway(_instant, api_key=OPERATOR_KEY)
     agent_key = AgentKeys(OPERATOR_KEY).mint("ro-bench", "at-0", ttl_s=3600)
     figures = {}
@@ -99,11 +109,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20000, help="requests per key")
     args = parser.parse_args()
     requests = asyncio.run(_requests(args.requests))
+    if AgentKeys is None:
+        figures = {"chat_route_p50_ms_operator_key": round(requests["operator"], 4)}
+        print(json.dumps({"bench": "agent_keys", "agent_keys": False, "requests_per_key": args.requests, **figures}))
+        return
     alone = _check_alone(args.requests)
     print(
         json.dumps(
             {
                 "bench": "agent_keys",
+                "agent_keys": True,
                 "requests_per_key": args.requests,
                 "chat_route_p50_ms_operator_key": round(requests["operator"], 4),
                 "chat_route_p50_ms_agent_key": round(requests["agent"], 4),
