@@ -11,7 +11,8 @@ itself). Prints one JSON line.
 
 Today's figure (before agent keys): run the same script over the code before them; it then times the
 operator key only (`"agent_keys": false`), e.g.
-    git archive 54b6bd8 agl_bridge | tar -x -C /tmp/before && PYTHONPATH=/tmp/before .venv/bin/python bench/agent_keys.py
+    git archive 54b6bd8 agl_bridge | tar -x -C /tmp/before
+    PYTHONPATH=/tmp/before .venv/bin/python bench/agent_keys.py
 """
 
 from __future__ import annotations
