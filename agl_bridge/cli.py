@@ -310,6 +310,19 @@ def serve_command(
         "sampler; a rollout's turns may land on any of them. Needs --sampler remote (the in-process hf sampler "
         "stays one process); best with a PostgreSQL --store.",
     ),
+    adapter_dir: Path | None = typer.Option(
+        None,
+        "--adapter-dir",
+        metavar="DIR",
+        help="Load LoRA adapters (POST /v1/load_lora_adapter, operator key) only from inside DIR: no other path, "
+        "no '..', no symlink out of it (default: any path the server can read).",
+    ),
+    litellm_admin_routes: bool = typer.Option(
+        False,
+        "--litellm-admin-routes",
+        help="Open LiteLLM's management, debug, SSO, spend and upstream-health routes to the operator key (off: 404 "
+        "for every key; agent keys never reach them).",
+    ),
     *,
     spec: SamplerSpec,
 ) -> None:
@@ -354,6 +367,8 @@ def serve_command(
         torch_threads=torch_threads,
         max_request_bytes=None if max_request_mb is None else int(max_request_mb * 1024 * 1024),
         log_requests=log_requests,
+        adapter_dir=adapter_dir,
+        litellm_admin_routes=litellm_admin_routes,
     )
     if workers > 1:
         _serve_workers(settings, workers)
@@ -381,6 +396,8 @@ class _ServeSettings:
     max_request_bytes: int | None = None
     log_requests: bool = True
     reuse_port: bool = False
+    adapter_dir: Path | None = None
+    litellm_admin_routes: bool = False
 
 
 def _serve_one(settings: _ServeSettings, on_ready: Callable[[Any, str], None]) -> None:
@@ -426,6 +443,8 @@ def _serve_one(settings: _ServeSettings, on_ready: Callable[[Any, str], None]) -
             rollout_idle_timeout_s=settings.rollout_idle_timeout,
             reuse_port=settings.reuse_port,
             max_request_bytes=settings.max_request_bytes,
+            adapter_dir=settings.adapter_dir,
+            litellm_admin_routes=settings.litellm_admin_routes,
         )
     except ProxyStartError as exc:
         sampler.close()
@@ -455,6 +474,11 @@ def _announce(settings: _ServeSettings, path: str, base_url: str, key: str, gene
         typer.echo(f"  sampling on {', '.join(spec.urls)} as {spec.remote_model or settings.name!r}", err=True)
     typer.echo(f"  key: {key}" + ("  (generated; pass --api-key to choose one)" if generated else ""), err=True)
     typer.echo(f"  per rollout: {base_url}/rollout/ROLLOUT_ID/attempt/ATTEMPT_ID/v1", err=True)
+    typer.echo(
+        f"  agents get a key of their own attempt, not this one: POST {base_url}/rollout/ROLLOUT_ID/attempt/"
+        "ATTEMPT_ID/agent_key (or the agent_key that .../start answers)",
+        err=True,
+    )
     typer.echo(
         f"  lifecycle: POST {base_url}/rollout/ROLLOUT_ID/attempt/ATTEMPT_ID/start|reward|finish"
         + (f" (idle rollouts time out after {idle:g} s)" if idle else ""),

@@ -211,6 +211,10 @@ HEADER_PARENT_CALL: Final = "x-agl-parent-call"
 """Request header declaring the call's parent: the `id` this proxy returned for an earlier call of the same
 attempt (chat `chatcmpl-…`, Responses `resp_…`, Anthropic `msg_…`) or that call's store sequence."""
 
+STATE_AGENT_SCOPE: Final = "agl.agent_scope"
+"""Key of the ASGI request state where the front door puts the `AgentScope` of a request made with an agent
+key (absent for the operator's), so routes behind it (the OTLP receiver, stored responses) keep to that scope."""
+
 PATH_PARAM_ROLLOUT_ID: Final = "rollout_id"
 """Name of the rollout path parameter in `/rollout/{rollout_id}/attempt/{attempt_id}/v1/...` routes."""
 
@@ -227,6 +231,9 @@ PATH_REWARD: Final = "/reward"
 
 PATH_FINISH: Final = "/finish"
 """POST: finish an attempt with its outcome (`status`, `error`; the task may be named here too)."""
+
+PATH_AGENT_KEY: Final = "/agent_key"
+"""POST (operator key only): mint an agent key scoped to the attempt (`ttl_s` optional)."""
 
 # --- OTLP/HTTP ------------------------------------------------------------------------------------
 

@@ -407,7 +407,7 @@ def _throughput(
     }
 
 
-_CHAT_SERVED = re.compile(r"POST /v1/chat/completions rollout=(\S+) attempt=(\S+) status=200")
+_CHAT_SERVED = re.compile(r"POST /v1/chat/completions rollout=(\S+) attempt=(\S+) key=\S+ status=200")
 
 
 def _run(dsn: str, folder: Path, steps: int, extra_proxies: int, runner: str) -> dict[str, object]:

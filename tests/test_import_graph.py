@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "agl_bridge"
 ROOT = "agl_bridge"
 
 # Every part may import these: they import no other part (types only semconv).
-FOUNDATION = frozenset({"_version", "semconv", "types", "export_files", "errors", "quick_exit"})
+FOUNDATION = frozenset({"_version", "semconv", "types", "export_files", "errors", "quick_exit", "agent_keys"})
 
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "_env": frozenset(),
@@ -25,6 +25,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "export_files": frozenset(),
     "errors": frozenset(),
     "quick_exit": frozenset(),
+    "agent_keys": frozenset(),
     "types": frozenset({"semconv"}),
     "models": FOUNDATION,
     "store": FOUNDATION,

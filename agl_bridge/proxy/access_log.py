@@ -1,6 +1,7 @@
 """The access log: one line per request the proxy answers, so a user sees whether (and how) their agent reached it.
 
-Each line: method, path (without the rollout prefix or any query), rollout and attempt, status,
+Each line: method, path (without the rollout prefix or any query), rollout and attempt, the scope of
+the key (`key=operator`, `key=agent:ROLLOUT/ATTEMPT`, `key=refused`, `key=none`), status,
 the prompt and completion tokens of the calls it recorded, and the latency to the end of the
 response (a stream's last event included). Never the key, a header or any message content.
 `agl-bridge serve` logs them to stderr unless `--no-log-requests`; in-process users enable the
@@ -41,11 +42,12 @@ def access_line(
     status: int,
     tokens: RequestTokens,
     seconds: float,
+    key_scope: str = "-",
 ) -> str:
     """One request's line (what the client chose — path, ids — escaped, so a line stays one line)."""
     return (
         f"{method} {_printable(path)} rollout={_printable(rollout_id or '-')} attempt={_printable(attempt_id or '-')} "
-        f"status={status} "
+        f"key={_printable(key_scope)} status={status} "
         f"prompt_tokens={tokens.prompt} completion_tokens={tokens.completion} latency_ms={seconds * 1000:.1f}"
     )
 
@@ -56,9 +58,10 @@ async def logged(
     receive: Receive,
     send: Send,
     route: tuple[str, str | None, str | None],
+    key_scope: str = "-",
 ) -> None:
     """Serve one HTTP request with `app` and log its line; `route` is (path, rollout, attempt) as the
-    front door read them.
+    front door read them, `key_scope` who the key says sent it.
 
     The line is logged just before the answer's last chunk goes out, so a client that has its answer
     finds the line written; a request that ends without a complete answer (its client left) is logged
@@ -73,7 +76,8 @@ async def logged(
         nonlocal pending
         pending = False
         path, rollout_id, attempt_id = route
-        line = access_line(scope["method"], path, rollout_id, attempt_id, status, tokens, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        line = access_line(scope["method"], path, rollout_id, attempt_id, status, tokens, seconds, key_scope)
         ACCESS_LOGGER.info(line)
 
     async def noting_send(message: Message) -> None:

@@ -10,6 +10,11 @@ decode steps, no request dropped); every loaded name — and the base name — t
 weights, and each token still reports the policy version that produced it. A name ending in `-v<N>`
 sets policy version N (what `RemoteSampler` sends); any other name gets the current version + 1.
 Unloading a name only stops it being accepted; the weights stay until the next load.
+
+Only the operator key reaches these routes (the gateway answers an agent key 404). With an adapter
+directory (`agl-bridge serve --adapter-dir`), `lora_path` must lie inside it — a path relative to
+it, or an absolute one under it — with no `..` and no symlink leading out (the path is resolved
+before it is read); anything else is a 403 naming `lora_path`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -60,8 +66,27 @@ class AdapterRegistry:
             return self._loaded.pop(name, None) is not None
 
 
-def make_adapter_router(sampler: Any, registry: AdapterRegistry) -> APIRouter:
-    """The two routes over `sampler` (which must have `load_lora`, like HFSampler)."""
+def confined(root: Path | None, given: str) -> str:
+    """`given` as the path to read: inside `root` once resolved (symlinks followed), no `..`; unchanged without a
+    root. A 403 `RequestError` naming `lora_path` otherwise."""
+    if root is None:
+        return given
+    path = Path(given)
+    base = root.resolve()
+    if ".." in path.parts or not (path if path.is_absolute() else base / path).resolve().is_relative_to(base):
+        raise RequestError(
+            f"lora_path {given[:200]!r} is outside this server's adapter directory: save adapters under {root} "
+            "(agl-bridge serve --adapter-dir) and name them by a path inside it, without '..' or symlinks leading out",
+            "lora_path",
+            code="forbidden",
+            status=403,
+        )
+    return str((path if path.is_absolute() else base / path).resolve())
+
+
+def make_adapter_router(sampler: Any, registry: AdapterRegistry, root: Path | None = None) -> APIRouter:
+    """The two routes over `sampler` (which must have `load_lora`, like HFSampler); with `root`, adapters load
+    only from inside that directory (`confined`)."""
     router = APIRouter()
     swap_lock = asyncio.Lock()
 
@@ -72,6 +97,7 @@ def make_adapter_router(sampler: Any, registry: AdapterRegistry) -> APIRouter:
             if not isinstance(value, str) or not value:
                 raise RequestError(f"{field} is required: a non-empty string", field)
         assert isinstance(name, str) and isinstance(path, str)  # checked just above
+        path = confined(root, path)
         if registry.version_of(name) is not None:
             raise RequestError(f"The lora adapter '{name}' has already been loaded.", "lora_name")
         if not hasattr(sampler, "load_lora"):

@@ -106,7 +106,7 @@ class BridgeRoute:
         anthropic = scope["path"] not in RESPONSES_PATHS
         protocol = WireProtocol.ANTHROPIC if anthropic else WireProtocol.OPENAI
         try:
-            translated = _from_anthropic(body) if anthropic else await _from_responses(service, body)
+            translated = _from_anthropic(body) if anthropic else await _from_responses(service, body, route)
             request = service.parse_request(translated.chat)
             if scope["path"] in COUNT_TOKENS_PATHS:
                 counted = await service.count_prompt_tokens(request, route)
@@ -168,7 +168,7 @@ _RESPONSES_FIELDS = frozenset(get_type_hints(ResponsesAPIOptionalRequestParams))
 (as LiteLLM's handler does), where the chat service judges them."""
 
 
-async def _from_responses(service: ChatService, body: Mapping[str, Any]) -> _Translated:
+async def _from_responses(service: ChatService, body: Mapping[str, Any], route: RolloutRoute) -> _Translated:
     """A Responses body as a chat body (LiteLLM's `LiteLLMCompletionResponsesConfig`), continuing the recorded
     turns its `previous_response_id` names."""
 
@@ -186,7 +186,7 @@ async def _from_responses(service: ChatService, body: Mapping[str, Any]) -> _Tra
             custom_llm_provider=PROVIDER_NAME,
             stream=stream,
         )
-    prior = await resolve_previous_response(service.recorder.store, service.codec, dict(body))
+    prior = await resolve_previous_response(service.recorder.store, service.codec, dict(body), route)
     if prior is not None:
         chat["messages"] = prior.before(list(chat["messages"]))
     return _Translated({**extra, **chat}, str(body["model"]), stream, responses_request=request)

@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 INVALID_REQUEST = "invalid_request_error"
 AUTHENTICATION = "authentication_error"
+PERMISSION = "permission_error"
 SERVER_ERROR = "server_error"
 
 STATUS_CODES = {

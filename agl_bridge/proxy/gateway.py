@@ -5,10 +5,16 @@ In order, for an HTTP request:
    `.../rollout/{rollout_id}/attempt/{attempt_id}/v1`; such paths are rewritten to `/v1/...` and the
    ids passed on as `x-rollout-id` / `x-attempt-id` headers (replacing any the client sent), which
    is how everything behind learns the rollout.
-2. The key. Every route but the liveness probes needs it (`Authorization: Bearer`, `x-api-key` or
-   `api-key`), websocket routes included; a missing or wrong key is a 401 (a websocket is closed,
-   which its client sees as a 403). This is the only key check: LiteLLM's own is replaced by
-   `litellm_hooks.admitted_by_gateway`, which accepts exactly the requests this door let in.
+2. The key. Every route but the liveness probes needs one (`Authorization: Bearer`, `x-api-key` or
+   `api-key`), websocket routes included; a missing, wrong, tampered or expired key is a 401 (a
+   websocket is closed, which its client sees as a 403). The operator key reaches every route of
+   ours and LiteLLM's inference routes; an agent key (`agl_bridge.agent_keys`) only the model
+   routes of its own rollout attempt (`access_rules`): another attempt's prefix or routing headers
+   are a 403, any other route a 404, and a request without routing is routed to its attempt.
+   LiteLLM's management, debug, SSO, spend and upstream-health routes are a 404 for every key
+   unless `management_routes` opens them to the operator. This is the only key check: LiteLLM's
+   own is replaced by `litellm_hooks.admitted_by_gateway`, which accepts exactly the requests this
+   door let in.
 3. The ids (a 400 naming the header before any work is done), and the body: one larger than
    `max_body_bytes` is a 413 (refused by its declared length before it is read, or as soon as it
    grows past the limit), and a JSON body that is not an object is never valid (LiteLLM would crash
@@ -24,7 +30,7 @@ In order, for an HTTP request:
    everything else (other models, LiteLLM's routes, lifespan) goes to LiteLLM's proxy app, whose
    self-written error bodies get a word `code` on the way out.
 Every refusal is shaped by `agl_bridge.proxy.errors`; with the access log on, every request but the
-probes gets its line (`access_log`).
+probes gets its line (`access_log`), with the scope of the key it came with (never the key).
 """
 
 from __future__ import annotations
@@ -41,13 +47,16 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agl_bridge import semconv
+from agl_bridge.agent_keys import AGENT_KEY_PREFIX, AgentKeys, AgentScope, KeyRefusal
 from agl_bridge.proxy.access_log import ACCESS_LOGGER, logged
+from agl_bridge.proxy.access_rules import agent_may_call, litellm_inference
 from agl_bridge.proxy.bridge_checks import check_bridged
 from agl_bridge.proxy.bridge_route import BRIDGED_PATHS, BridgeRoute
 from agl_bridge.proxy.chat_route import CHAT_PATHS, ChatRoute
 from agl_bridge.proxy.disconnect import cancelled_on_disconnect
 from agl_bridge.proxy.errors import (
     AUTHENTICATION,
+    PERMISSION,
     ApiError,
     api_error,
     install_error_handlers,
@@ -81,6 +90,8 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 _ROLLOUT_HEADER = semconv.HEADER_ROLLOUT_ID.encode()
 _ATTEMPT_HEADER = semconv.HEADER_ATTEMPT_ID.encode()
 _ROUTE_HEADERS = frozenset(h.encode() for h in ROUTE_HEADERS)
+_AGENT_PREFIX = AGENT_KEY_PREFIX.encode()
+_QUERY_KEY = re.compile(rb"(?:^|&)(?:api[-_]?key|key|token|access_token)=", re.IGNORECASE)
 _NOT_BLANK = re.compile(rb"[^ \t\r\n]")
 _ADMITTED = "agl.admitted"
 _NOT_PARSED = object()
@@ -93,9 +104,31 @@ _NOT_JSON = (
 )
 
 
+OPERATOR = "operator"
+"""The principal of a request that came with the operator key."""
+
+Principal = str | AgentScope | KeyRefusal | None
+"""Who sent a request: `OPERATOR`, an agent's scope, why its agent key was refused, or None (no or a wrong key)."""
+
+
 def admitted(scope: Scope) -> bool:
     """Whether the gateway let this request in (its key was checked); read from the request's state."""
     return bool((scope.get("state") or {}).get(_ADMITTED))
+
+
+def agent_scope_of(scope: Scope) -> AgentScope | None:
+    """The scope of the agent key a request came with (None: the operator's, or not through the gateway)."""
+    found = (scope.get("state") or {}).get(semconv.STATE_AGENT_SCOPE)
+    return found if isinstance(found, AgentScope) else None
+
+
+def describe(who: Principal) -> str:
+    """A principal as the access log shows it: `operator`, `agent:ROLLOUT/ATTEMPT`, `refused` or `none`."""
+    if who is None:
+        return "none"
+    if isinstance(who, AgentScope):
+        return who.describe()
+    return "refused" if isinstance(who, KeyRefusal) else who
 
 
 class Gateway:
@@ -104,6 +137,8 @@ class Gateway:
     `app` is LiteLLM's proxy app; `routes` are ours, served from a bare app on their paths (any
     method: a wrong one gets that app's 405); `chat` answers chat completions for served models, and
     `bridges` their Responses and Anthropic Messages requests (by default a `BridgeRoute`).
+    Agent keys are those `AgentKeys(api_key)` mints; `management_routes` opens LiteLLM's other routes
+    (management, debug, SSO, spend, upstream health) to the operator key.
     """
 
     def __init__(
@@ -115,6 +150,7 @@ class Gateway:
         chat: ChatRoute | None = None,
         bridges: BridgeRoute | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        management_routes: bool = False,
     ) -> None:
         if not api_key:
             raise ValueError("the gateway needs a non-empty API key")
@@ -125,6 +161,8 @@ class Gateway:
         self.bridges = bridges or BridgeRoute()
         self.max_body_bytes = max_body_bytes
         self._key = api_key.encode()
+        self._agents = AgentKeys(api_key)
+        self.management_routes = management_routes
         self.own = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, telemetry=NO_NATIVE_TELEMETRY)
         self.own.router.routes.extend(routes)
         own_paths = [str(getattr(route, "path", "")) for route in self.own.router.routes]
@@ -135,14 +173,23 @@ class Gateway:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            if scope["path"] in OPEN_PATHS or not ACCESS_LOGGER.isEnabledFor(logging.INFO):
-                await self._http(scope, receive, send)
+            if scope["path"] in OPEN_PATHS:
+                await self._http(scope, receive, send, None)
+                return
+            who = self.principal(scope.get("headers", ()))
+            if not ACCESS_LOGGER.isEnabledFor(logging.INFO):
+                await self._http(scope, receive, send, who)
             else:
-                await logged(self._http, scope, receive, send, _logged_route(scope))
+
+                async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+                    await self._http(scope, receive, send, who)
+
+                await logged(serve, scope, receive, send, _logged_route(scope), describe(who))
         elif kind == "websocket":
-            if not self._authorized(scope.get("headers", ())):
-                # LiteLLM serves websocket routes (/v1/realtime) too: the key guards them alike. A close
-                # before the handshake is accepted is answered with HTTP 403.
+            if self.principal(scope.get("headers", ())) != OPERATOR:
+                # LiteLLM serves websocket routes (/v1/realtime) too: the key guards them alike, and no
+                # agent key opens one (an agent's model routes are HTTP). A close before the handshake
+                # is accepted is answered with HTTP 403.
                 await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"})
                 return
             scope.setdefault("state", {})[_ADMITTED] = True
@@ -150,7 +197,7 @@ class Gateway:
         else:
             await self.app(scope, receive, send)
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _http(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
         headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
         path: str = scope["path"]
         match = _ROLLOUT_PATH.match(path)
@@ -159,13 +206,20 @@ class Gateway:
             headers = [(k, v) for k, v in headers if k not in (_ROLLOUT_HEADER, _ATTEMPT_HEADER)]
             headers += [(_ROLLOUT_HEADER, match["rollout"].encode()), (_ATTEMPT_HEADER, match["attempt"].encode())]
             scope = {**scope, "path": path, "raw_path": path.encode(), "headers": headers}
-        if path not in OPEN_PATHS and not self._authorized(headers):
-            message = (
-                "missing or wrong API key: send the key printed by `agl-bridge serve` as "
-                "'Authorization: Bearer <key>' (the OpenAI client's api_key)"
-            )
-            await send_error(send, ApiError(401, message, AUTHENTICATION, code="invalid_api_key"), protocol_of(path))
-            return
+        if path not in OPEN_PATHS:
+            if who is None or isinstance(who, KeyRefusal):
+                await send_error(send, _unauthenticated(who, scope.get("query_string", b"")), protocol_of(path))
+                return
+            if isinstance(who, AgentScope):
+                headers, refusal = _scoped(who, scope["method"], path, headers)
+                if refusal is not None:
+                    await send_error(send, refusal, protocol_of(path))
+                    return
+                state = {**(scope.get("state") or {}), semconv.STATE_AGENT_SCOPE: who}
+                scope = {**scope, "headers": headers, "state": state}
+            elif not self._reachable(path):
+                await send_error(send, _closed(scope["method"], path), protocol_of(path))
+                return
         rollout, problem = _rollout_of(headers)
         if problem is not None:
             await send_error(send, problem, protocol_of(path))
@@ -239,7 +293,13 @@ class Gateway:
         )
         return ApiError(413, message, param="request_body", code="request_too_large")
 
-    def _authorized(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    def principal(self, headers: Iterable[tuple[bytes, bytes]]) -> Principal:
+        """Who the request's key says sent it: the operator, an agent's scope, or why not (None: no or a wrong key).
+
+        Every key header counts (`Authorization: Bearer`, `x-api-key`, `api-key`): the operator key in
+        any of them makes the operator; agent keys naming two different scopes are refused.
+        """
+        found: Principal = None
         for name, value in headers:
             if name == b"authorization" and value[:7].lower() == b"bearer ":
                 candidate = value[7:].strip()
@@ -248,8 +308,73 @@ class Gateway:
             else:
                 continue
             if hmac.compare_digest(candidate, self._key):
-                return True
-        return False
+                return OPERATOR
+            if not candidate.startswith(_AGENT_PREFIX):
+                continue
+            checked = self._agents.check(candidate)
+            if isinstance(checked, AgentScope) and isinstance(found, AgentScope) and checked != found:
+                return KeyRefusal("the request carries agent keys of two different attempts; send one key")
+            if not isinstance(found, AgentScope):
+                found = checked
+        return found
+
+    def _reachable(self, path: str) -> bool:
+        """Whether the operator key reaches `path`: ours, LiteLLM's inference routes, the rest only when opened."""
+        return (
+            self.management_routes
+            or path in self._own_paths
+            or path.startswith(self._own_prefixes)
+            or litellm_inference(path)
+        )
+
+
+def _unauthenticated(refusal: KeyRefusal | None, query: bytes) -> ApiError:
+    """The 401 for a request without a usable key: what was wrong, and what to send instead."""
+    if refusal is not None:
+        message = refusal.reason
+    elif _QUERY_KEY.search(query):
+        message = (
+            "keys are not accepted in the query string (URLs end up in logs and histories): send the key as "
+            "'Authorization: Bearer <key>' (the OpenAI client's api_key)"
+        )
+    else:
+        message = (
+            "missing or wrong API key: send the key printed by `agl-bridge serve` (or the agent key your harness "
+            "gave you) as 'Authorization: Bearer <key>' (the OpenAI client's api_key)"
+        )
+    return ApiError(401, message, AUTHENTICATION, code="invalid_api_key")
+
+
+def _scoped(
+    who: AgentScope, method: str, path: str, headers: list[tuple[bytes, bytes]]
+) -> tuple[list[tuple[bytes, bytes]], ApiError | None]:
+    """An agent's request routed to its own attempt (`headers` with its ids), or the refusal: 403 for another
+    attempt's prefix or routing headers, 404 for a route agent keys do not reach."""
+    own = {_ROLLOUT_HEADER: who.rollout_id.encode(), _ATTEMPT_HEADER: who.attempt_id.encode()}
+    if any(own.get(name, value) != value for name, value in headers):
+        message = (
+            "this agent key is scoped to another rollout attempt: call only under the base URL it was issued with "
+            "(/rollout/ROLLOUT_ID/attempt/ATTEMPT_ID/v1), without other routing headers"
+        )
+        return headers, ApiError(403, message, PERMISSION, param=semconv.HEADER_ROLLOUT_ID, code="forbidden")
+    if not agent_may_call(method, path):
+        message = (
+            f"{method} {path[:200]} is not served to agent keys: an agent key reaches its own model routes only "
+            "(chat completions, completions, Responses, Anthropic Messages, models); rewards, the lifecycle and "
+            "weights need the operator's key"
+        )
+        return headers, ApiError(404, message, code="not_found")
+    routed = [(k, v) for k, v in headers if k not in own]
+    return routed + list(own.items()), None
+
+
+def _closed(method: str, path: str) -> ApiError:
+    """The 404 for one of LiteLLM's closed routes (management, debug, SSO, spend, upstream health)."""
+    message = (
+        f"{method} {path[:200]} is not served: LiteLLM's management, debug, SSO, spend and upstream-health routes "
+        "are off (agl-bridge serve --litellm-admin-routes opens them to the operator key)"
+    )
+    return ApiError(404, message, code="not_found")
 
 
 def _no_embeddings(path: str, model: str) -> ApiError:

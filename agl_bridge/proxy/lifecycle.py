@@ -15,7 +15,11 @@ shaped by `agl_bridge.proxy.errors` in the OpenAI error shape.
   - `POST .../finish` `{"status": "succeeded"|"failed"|"timed_out", "error"?, "task_id"?, "metadata"?,
     "eval"?}`: the attempt's outcome; the rollout ends with its last running attempt. 404 for an
     unknown attempt, 409 for one already finished.
+  - `POST .../agent_key` `{"ttl_s"?}`: an agent key scoped to the attempt (`agl_bridge.agent_keys`),
+    to hand to the agent instead of the operator key; `start` answers one too (`agent_key`).
 Every answer is the rollout as it now is (`rollout_json`), plus the reward's sequence for `reward`.
+Only the operator key reaches these routes (the gateway answers an agent key 404): an agent cannot
+start, grade or finish any attempt, its own included.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from agl_bridge import semconv
+from agl_bridge.agent_keys import AgentKeys
 from agl_bridge.proxy.completions import read_json_object
 from agl_bridge.proxy.request import RequestError, route_of_headers
 from agl_bridge.store.base import Store
@@ -35,15 +40,31 @@ from agl_bridge.types import DEFAULT_REWARD_NAME, AttemptStatus, Reward, Rollout
 _OUTCOMES = tuple(status.value for status in AttemptStatus if status.is_final)
 
 
-def make_lifecycle_router(store: Callable[[], Store]) -> APIRouter:
-    """The `start`, `reward` and `finish` routes over the store `store()` returns when a request comes."""
+def make_lifecycle_router(store: Callable[[], Store], keys: AgentKeys | None = None) -> APIRouter:
+    """The `start`, `reward` and `finish` routes over the store `store()` returns when a request comes, and
+    with `keys` the `agent_key` route (and an `agent_key` in `start`'s answer)."""
     router = APIRouter()
 
     async def start(request: Request) -> JSONResponse:
         rollout_id, attempt_id = _route(request)
         body = await _optional_body(request)
         rollout = await store().register_attempt(rollout_id, attempt_id, task_of(body))
-        return JSONResponse(rollout_json(rollout, attempt_id))
+        answer = rollout_json(rollout, attempt_id)
+        if keys is not None:
+            answer["agent_key"] = keys.mint(rollout_id, attempt_id)
+        return JSONResponse(answer)
+
+    async def agent_key(request: Request) -> JSONResponse:
+        assert keys is not None  # the route exists only with keys
+        rollout_id, attempt_id = _route(request)
+        body = await _optional_body(request)
+        ttl = body.get("ttl_s")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < 1e9):
+            raise RequestError(
+                f"ttl_s must be a positive number of seconds (or absent: no expiry), got {ttl!r}", "ttl_s"
+            )
+        key = keys.mint(rollout_id, attempt_id, ttl_s=ttl)
+        return JSONResponse({"rollout_id": rollout_id, "attempt_id": attempt_id, "agent_key": key, "ttl_s": ttl})
 
     async def reward(request: Request) -> JSONResponse:
         rollout_id, attempt_id = _route(request)
@@ -69,6 +90,8 @@ def make_lifecycle_router(store: Callable[[], Store]) -> APIRouter:
 
     for path, handler in ((semconv.PATH_START, start), (semconv.PATH_REWARD, reward), (semconv.PATH_FINISH, finish)):
         router.add_api_route(path, handler, methods=["POST"])
+    if keys is not None:
+        router.add_api_route(semconv.PATH_AGENT_KEY, agent_key, methods=["POST"])
     return router
 
 

@@ -32,6 +32,7 @@ import yaml
 from fastapi import APIRouter
 from starlette.routing import BaseRoute
 
+from agl_bridge.agent_keys import AgentKeys, derived_key
 from agl_bridge.chat import ChatCodec, TextBound
 from agl_bridge.proxy.adapters import AdapterRegistry, make_adapter_router
 from agl_bridge.proxy.chat_route import ChatRoute
@@ -44,7 +45,7 @@ from agl_bridge.proxy.litellm_patches import patch_litellm, resolve_routes
 from agl_bridge.proxy.provider import PROVIDER_NAME, AglProvider
 from agl_bridge.proxy.recording import CallRecorder
 from agl_bridge.proxy.request import RequestError
-from agl_bridge.proxy.responses import make_responses_router
+from agl_bridge.proxy.responses import make_responses_router, use_id_secret
 from agl_bridge.proxy.service import PASSED_FIELDS, ChatService
 from agl_bridge.proxy.token_history import StoreTokenHistory
 from agl_bridge.sampler.base import TokenSampler
@@ -196,6 +197,8 @@ class ProxyServer:
         rollout_idle_timeout_s: float | None = None,
         max_request_bytes: int | None = None,
         reuse_port: bool = False,
+        adapter_dir: str | os.PathLike[str] | None = None,
+        litellm_admin_routes: bool = False,
     ) -> None:
         if rollout_idle_timeout_s is not None and not rollout_idle_timeout_s > 0:
             raise ProxyStartError(f"the rollout idle timeout must be > 0 seconds, got {rollout_idle_timeout_s!r}")
@@ -207,6 +210,9 @@ class ProxyServer:
         self.model_name = model_name
         self.host = host
         self.api_key, self.generated_key = choose_api_key(host, api_key)
+        self.agent_keys = AgentKeys(self.api_key)
+        self.adapter_dir = None if adapter_dir is None else Path(adapter_dir)
+        self.litellm_admin_routes = litellm_admin_routes
         self._socket = bind_socket(host, port, reuse_port=reuse_port)
         self.port = self._socket.getsockname()[1]
         self._user_config = None if litellm_config_path is None else Path(litellm_config_path)
@@ -235,6 +241,10 @@ class ProxyServer:
         if rollout_id is None:
             return f"{self.base_url}/v1"
         return f"{self.base_url}/rollout/{rollout_id}/attempt/{attempt_id or 'a0'}/v1"
+
+    def agent_key(self, rollout_id: str, attempt_id: str, *, ttl_s: float | None = None) -> str:
+        """A key for an agent of one rollout attempt: its model routes under that attempt, nothing else."""
+        return self.agent_keys.mint(rollout_id, attempt_id, ttl_s=ttl_s)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -295,6 +305,7 @@ class ProxyServer:
         self.loop = asyncio.get_running_loop()
         self.store = store_at(self.store_path)
         await self.store.open()
+        use_id_secret(derived_key(self.api_key, b"agl-bridge response ids v1"))
         previous_sink = set_reward_sink(StoreSink(self.store, self.loop))
         try:
             recorder = CallRecorder(self.store)
@@ -312,9 +323,11 @@ class ProxyServer:
             front = Gateway(
                 self._litellm_app(provider, recorder, make_traces_router(self.store)),
                 api_key=self.api_key,
-                routes=self._token_routes(provider, self.store) + make_lifecycle_router(self.running_store).routes,
+                routes=self._token_routes(provider, self.store)
+                + make_lifecycle_router(self.running_store, self.agent_keys).routes,
                 chat=ChatRoute({service.model_name: service}.get),
                 max_body_bytes=self.max_request_bytes,
+                management_routes=self.litellm_admin_routes,
             )
             config = uvicorn.Config(
                 front,
@@ -436,7 +449,7 @@ class ProxyServer:
         routes = make_completions_router(service_for).routes
         routes += make_responses_router(store, self.codec).routes
         if hasattr(self.sampler, "load_lora"):
-            routes += make_adapter_router(self.sampler, adapters).routes
+            routes += make_adapter_router(self.sampler, adapters, self.adapter_dir).routes
         return routes
 
 

@@ -1,10 +1,12 @@
 """Running an agent that lives in another process (any language) for one rollout attempt.
 
 The command gets everything through its environment: `OPENAI_BASE_URL` (already routed to the
-rollout attempt), `OPENAI_API_KEY`, `AGL_ROLLOUT_ID`, `AGL_ATTEMPT_ID`, `AGL_ENDPOINT` (where
-`emit_reward` delivers), `AGL_API_KEY`, `AGL_MODEL` and `AGL_TASK` (the task as JSON). It reports
-rewards with `agl_bridge.emit_reward`, or — from any language — by printing a line
-`agl-reward: VALUE` (or `agl-reward NAME: VALUE`) on stdout. Exit code 0 means success.
+rollout attempt), `OPENAI_API_KEY` and `AGL_API_KEY` (both an agent key scoped to this attempt:
+its model routes, nothing else — never the proxy's operator key), `AGL_ROLLOUT_ID`,
+`AGL_ATTEMPT_ID`, `AGL_ENDPOINT`, `AGL_MODEL` and `AGL_TASK` (the task as JSON). It reports
+rewards — from any language — by printing a line `agl-reward: VALUE` (or `agl-reward NAME: VALUE`)
+on stdout, which the runner reads and stores; its own `emit_reward` is refused by the proxy (an
+agent key cannot report rewards). Exit code 0 means success.
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ class Endpoint:
 
     `base_url` already carries the rollout and attempt, so any OpenAI-compatible client pointed at
     it records its calls in the right place; `server_url` is the proxy's root (for `emit_reward`).
+    `api_key` is an agent key scoped to this attempt (`agl_bridge.agent_keys`): it reaches the
+    attempt's model routes and nothing else. `harness_key` is the proxy's operator key, for code as
+    trusted as the harness (a function agent's `emit_reward` runs in the harness's own process,
+    which holds that key anyway); an `AgentCommand` never gets it.
     """
 
     base_url: str
@@ -22,6 +26,12 @@ class Endpoint:
     rollout_id: str
     attempt_id: str
     server_url: str
+    harness_key: str | None = field(default=None, repr=False)
+
+    @property
+    def reward_key(self) -> str:
+        """The key `emit_reward` sends for this attempt: the harness's where it is given, else the agent's."""
+        return self.harness_key or self.api_key
 
     def openai_client(self, **kwargs: Any) -> Any:
         """An `openai.OpenAI` client for this endpoint."""

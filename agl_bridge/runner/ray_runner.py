@@ -129,7 +129,7 @@ def run_attempt_in_worker(
     `emit_reward` delivers to the attempt's proxy (`endpoint.server_url`), which records into the run's store.
     """
     context = RolloutContext(
-        endpoint.rollout_id, endpoint.attempt_id, endpoint=endpoint.server_url, api_key=endpoint.api_key
+        endpoint.rollout_id, endpoint.attempt_id, endpoint=endpoint.server_url, api_key=endpoint.reward_key
     )
 
     async def invoke() -> Any:

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from agl_bridge.agent_keys import AgentKeys
 from agl_bridge.errors import ConfigError
 from agl_bridge.runner.command import AgentCommand
 from agl_bridge.runner.endpoint import Endpoint
@@ -37,6 +38,10 @@ from agl_bridge.tracing import RolloutContext, rollout_context
 from agl_bridge.types import AttemptStatus, Reward, RolloutStatus
 
 AgentFunction = Callable[[Any, Endpoint], Any]
+
+AGENT_KEY_GRACE_S = 600.0
+"""How long past its attempt's timeout an agent key stays valid (clock skew between runner and proxies, a slow
+last answer)."""
 
 
 class AgentResultError(ValueError):
@@ -150,13 +155,16 @@ class Runner:
     def endpoint(self, rollout_id: str, attempt_id: str, proxy: ProxyAddress | None = None) -> Endpoint:
         """The endpoint an agent gets for one attempt on `proxy` (default: the runner's own)."""
         proxy = proxy or self.proxies.proxies[0]
+        # The agent's key expires a while after its attempt can last, so one leaked after the run opens nothing.
+        ttl = None if self.config.timeout_s is None else self.config.timeout_s + AGENT_KEY_GRACE_S
         return Endpoint(
             base_url=f"{proxy.url}/rollout/{rollout_id}/attempt/{attempt_id}/v1",
-            api_key=proxy.api_key,
+            api_key=AgentKeys(proxy.api_key).mint(rollout_id, attempt_id, ttl_s=ttl),
             model=self.model,
             rollout_id=rollout_id,
             attempt_id=attempt_id,
             server_url=proxy.url,
+            harness_key=None if isinstance(self.agent, AgentCommand) else proxy.api_key,
         )
 
     async def _run_rollout(self, rollout_id: str, group_id: str, task: Any, limit: asyncio.Semaphore) -> RolloutOutcome:
@@ -199,7 +207,7 @@ class Runner:
 
     async def _run_attempt(self, task: Any, endpoint: Endpoint) -> _AttemptResult:
         context = RolloutContext(
-            endpoint.rollout_id, endpoint.attempt_id, endpoint=endpoint.server_url, api_key=endpoint.api_key
+            endpoint.rollout_id, endpoint.attempt_id, endpoint=endpoint.server_url, api_key=endpoint.reward_key
         )
         try:
             with rollout_context(context):

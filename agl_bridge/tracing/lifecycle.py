@@ -44,6 +44,10 @@ def start_rollout(
 
     Optional: the first call under the attempt registers it too; name the task here when its
     group must be known before the attempt ends (a follow trainer waits for whole groups).
+    Needs the operator key. The answer's `agent_key` is a key scoped to this attempt's model routes:
+    give the agent that key (as its OpenAI `api_key`), never the operator key, and report the
+    reward here in the harness (`emit_reward(..., api_key=...)` is not needed: the harness holds the
+    operator key in `AGL_API_KEY` or passes `api_key=`).
     """
     body = _task_body(task_id, metadata, eval)
     return _post(semconv.PATH_START, body, rollout_id, attempt_id, endpoint, api_key)

@@ -20,6 +20,10 @@ request's: the `rollout_id`/`attempt_id` path parameters when the router is also
 works unchanged), else the `x-rollout-id`/`x-attempt-id` headers.
 
 The router does no authentication; the proxy mounts it behind its own auth (pass `dependencies`).
+A request the proxy's front door admitted with an agent key (its `AgentScope` in the request state,
+`semconv.STATE_AGENT_SCOPE`) may only carry spans of that attempt and no reward: a span naming
+another rollout or attempt, or a reward span, is a 403 and nothing of the request is stored —
+rewards need the operator key (an agent must not grade itself).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from agl_bridge import semconv
+from agl_bridge.agent_keys import AgentScope
 from agl_bridge.store.base import Store
 from agl_bridge.store.errors import StoreClosedError, StoreWriteError
 from agl_bridge.tracing.otlp import (
@@ -47,6 +52,7 @@ from agl_bridge.tracing.otlp import (
     media_type,
 )
 from agl_bridge.tracing.sinks import store_records
+from agl_bridge.types import Reward
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 """Largest accepted request body, compressed or not (the OTLP exporters' batches stay far below)."""
@@ -102,7 +108,9 @@ def make_traces_router(
                 records = _decode(body, kind, encoding, max_body_bytes)
             else:
                 records = await run_in_threadpool(_decode, body, kind, encoding, max_body_bytes)
-            await _store(store, _attribute_unclaimed(records, _request_rollout(request)))
+            records = _attribute_unclaimed(records, _request_rollout(request))
+            _check_scope(records, request.scope.get("state", {}).get(semconv.STATE_AGENT_SCOPE))
+            await _store(store, records)
         except _HTTPError as exc:
             return error_response(exc.status, exc.message, exc.code, exc.error_type)
         except Exception as exc:  # a bug must still answer in the documented shape, and be logged
@@ -141,6 +149,22 @@ def _attribute_unclaimed(records: list[DecodedSpan], rollout: tuple[str, str | N
         else record
         for record in records
     ]
+
+
+def _check_scope(records: list[DecodedSpan], scope: object) -> None:
+    """A 403 when a request made with an agent key (`scope`) carries a reward or another attempt's span."""
+    if not isinstance(scope, AgentScope):
+        return
+    for record in records:
+        if isinstance(record, Reward):
+            message = (
+                "an agent key cannot report rewards: the harness reports them with the operator key "
+                "(emit_reward where it holds that key, or POST .../reward)"
+            )
+            raise _HTTPError(403, message, "forbidden", "permission_error")
+        if record.rollout_id != scope.rollout_id or record.attempt_id != scope.attempt_id:
+            message = "this agent key is scoped to another rollout attempt: send only spans of its own attempt"
+            raise _HTTPError(403, message, "forbidden", "permission_error")
 
 
 def _check_headers(request: Request, max_body_bytes: int) -> tuple[str, str]:

@@ -17,7 +17,8 @@ from agl_bridge.proxy.access_log import ACCESS_LOGGER, access_line
 from agl_bridge.proxy.request import RequestTokens
 
 LINE = re.compile(
-    r"^(?P<method>\S+) (?P<path>\S+) rollout=(?P<rollout>\S+) attempt=(?P<attempt>\S+) status=(?P<status>\d+) "
+    r"^(?P<method>\S+) (?P<path>\S+) rollout=(?P<rollout>\S+) attempt=(?P<attempt>\S+) key=(?P<key>\S+) "
+    r"status=(?P<status>\d+) "
     r"prompt_tokens=(?P<prompt>\d+) completion_tokens=(?P<completion>\d+) latency_ms=(?P<ms>[\d.]+)$"
 )
 

@@ -132,7 +132,7 @@ def test_serve_prints_url_and_key_answers_and_records_into_the_store(
     # The access log: one line per request on stderr (on by default), never the key or the content.
     logged = server.wait_for(
         re.compile(
-            r"POST /v1/chat/completions rollout=cli-ro attempt=cli-at status=200 prompt_tokens=(\d+) "
+            r"POST /v1/chat/completions rollout=cli-ro attempt=cli-at key=operator status=200 prompt_tokens=(\d+) "
             r"completion_tokens=(\d+) latency_ms=[\d.]+$"
         )
     )
@@ -140,7 +140,7 @@ def test_serve_prints_url_and_key_answers_and_records_into_the_store(
         reply.usage.prompt_tokens,
         reply.usage.completion_tokens,
     )
-    server.wait_for(re.compile(r"POST /v1/chat/completions rollout=- attempt=- status=401 prompt_tokens=0 "))
+    server.wait_for(re.compile(r"POST /v1/chat/completions rollout=- attempt=- key=none status=401 prompt_tokens=0 "))
     access = [line for line in server.seen if " status=" in line]
     assert not any(key in line or "hello from the CLI test" in line for line in access)
     assert not any("/health/" in line for line in server.seen)

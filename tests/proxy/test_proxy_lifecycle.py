@@ -50,7 +50,9 @@ def test_a_harness_drives_a_rollout_through_start_calls_reward_and_finish(proxy_
     rid, aid = new_id("life"), "0"
     started = post(proxy_server, rid, aid, "start", {"task_id": "task-7", "metadata": {"n": 7}})
     assert started.status_code == 200, started.text
-    assert started.json() | {"attempts": 1} == {
+    answer = started.json()
+    assert answer.pop("agent_key").startswith("agl-agent-")  # the key to give the agent instead of the operator's
+    assert answer | {"attempts": 1} == {
         "rollout_id": rid, "attempt_id": aid, "status": "running", "task_id": "task-7", "eval": False,
         "attempts": 1, "origin": "external",
     }  # fmt: skip

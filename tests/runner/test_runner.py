@@ -40,6 +40,7 @@ async def test_groups_endpoints_and_returned_rewards(store) -> None:
     async def agent(task, endpoint):
         seen.append((task, endpoint))
         assert current_rollout().rollout_id == endpoint.rollout_id  # emit_reward would find it
+        assert endpoint.api_key.startswith("agl-agent-") and current_rollout().api_key == "sk-test"
         return {"correct": 1.0, "format": 0.5} if task == "a" else 0.25
 
     runner = _runner(agent, store, group_size=3)
@@ -158,7 +159,9 @@ async def test_agent_command_gets_its_environment_and_reports_rewards(store, tmp
         "task = json.loads(os.environ['AGL_TASK'])\n"
         "route = f\"/rollout/{os.environ['AGL_ROLLOUT_ID']}/attempt/{os.environ['AGL_ATTEMPT_ID']}/v1\"\n"
         "assert os.environ['OPENAI_BASE_URL'].endswith(route)\n"
-        "assert os.environ['OPENAI_API_KEY'] == os.environ['AGL_API_KEY'] == 'sk-test'\n"
+        "key = os.environ['OPENAI_API_KEY']\n"
+        "assert key == os.environ['AGL_API_KEY'] and key.startswith('agl-agent-')\n"
+        "assert 'sk-test' not in os.environ.values()  # never the operator key\n"
         "assert os.environ['AGL_ENDPOINT'] == 'http://127.0.0.1:9' and os.environ['AGL_MODEL'] == 'tiny'\n"
         "print('agl-reward:', task['n'] * 2)\n"
     )

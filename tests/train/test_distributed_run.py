@@ -128,4 +128,4 @@ async def test_hello_grpo_on_ray_over_two_proxies_with_a_remote_sampler_and_a_po
 
 
 # An access-log line of a chat call the extra proxy answered: its rollout id.
-_CHAT_ON_EXTRA = re.compile(r"POST /v1/chat/completions rollout=(\S+) attempt=\S+ status=200")
+_CHAT_ON_EXTRA = re.compile(r"POST /v1/chat/completions rollout=(\S+) attempt=\S+ key=\S+ status=200")

@@ -36,3 +36,16 @@ def test_every_response_forbids_loading_anything_from_elsewhere(client: TestClie
     page = client.get("/rollouts/ro-a2").text
     assert "http://" not in page and "https://" not in page  # no outside address in what is served
     assert "<script>" not in page and " style=" not in page  # nothing inline the policy would block
+
+
+def test_an_agent_key_does_not_open_the_viewer(viewer: Viewer) -> None:
+    """The viewer has its own key; an agent key minted under that same key (an operator who reused it) opens
+    nothing there, by header, by URL or as a cookie."""
+    from agl_bridge.agent_keys import AgentKeys
+
+    agent_key = AgentKeys(KEY).mint("ro-a1", "at-0")
+    client = TestClient(create_app(viewer, key=KEY, port=8765))
+    assert client.get("/rollouts/ro-a1", headers={"authorization": f"Bearer {agent_key}"}).status_code == 401
+    assert client.get(f"/rollouts/ro-a1?key={agent_key}", follow_redirects=False).status_code == 401
+    client.cookies.set(cookie_name(8765), agent_key)
+    assert client.get("/api/metrics").status_code == 401
