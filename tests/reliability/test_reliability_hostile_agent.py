@@ -144,7 +144,7 @@ def test_an_agent_key_reaches_its_model_and_nothing_else(proxy_server: Any, acce
         chat = client.post(
             "/v1/chat/completions",  # no prefix: an agent key routes itself to its attempt
             json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
-            headers={**agent, "x-agl-call-class": "policy"},  # the call-graph headers are an agent's to send
+            headers={**agent, "x-agl-call-class": "main"},  # the call-graph headers are an agent's to send
         )
         assert chat.status_code == 200, chat.text
         assert (
