@@ -192,3 +192,25 @@ def auxiliary_by_content(calls: Sequence[LLMCall]) -> dict[int, str]:
         elif any(marker.lower() in said for marker in SUMMARY_MARKERS):
             found[call.sequence or 0] = "summary"
     return found
+
+
+def check_call_classes(calls: Sequence[LLMCall]) -> dict[int, str]:
+    """The converter's rollout graph over a live session agrees with what the calls plainly are.
+
+    A title call must be `side`, a summarisation `compaction` (or `retry` when it was sent again),
+    and the session has a main conversation. Returns each call's class by sequence (for the printout).
+    """
+    from agl_bridge.convert.graph import build_graph
+    from agl_bridge.types import CallClass
+
+    graph = build_graph(calls)
+    classes = {sequence: node.call_class for (sequence, _), node in graph.nodes.items()}
+    expected = {"title": {CallClass.SIDE}, "summary": {CallClass.COMPACTION, CallClass.RETRY}}
+    for sequence, what in auxiliary_by_content(calls).items():
+        node = graph.nodes[(sequence, 0)]
+        assert node.call_class in expected[what], (
+            f"call {sequence} is plainly a {what} call but the rollout graph made it {node.call_class.value}: "
+            f"{node.reason}"
+        )
+    assert CallClass.MAIN in classes.values(), f"no main conversation among the classes {classes}"
+    return {sequence: call_class.value for sequence, call_class in classes.items()}

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from agent_checks import (
+    check_call_classes,
     check_multi_turn,
     check_reached_and_answered,
     check_recorded,
@@ -179,6 +180,7 @@ def test_agent_recipe(
             assert result.returncode == 0, f"{recipe.name} failed"
         if recipe.multi_turn and (edited := check_multi_turn(calls, tiny_tokenizer.decode)):
             print(f"{recipe.name}: calls {edited} continue a reply the agent changed before sending it back")
+        print(f"{recipe.name}: call classes {check_call_classes(calls)}")
     except AssertionError as error:
         transcript = (
             f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-5000:]}"

@@ -6,8 +6,11 @@ generation prompt `GEN` at the end; a reply sent back renders as `GEN + reply + 
 
 from __future__ import annotations
 
+import pytest
 from convert_helpers import call
+from recorded import FIXTURE_NAMES, call_key, load_fixture, load_labels
 
+from agl_bridge.convert import Trajectory, convert_attempt
 from agl_bridge.convert.graph import SHARED_HISTORY_TOKENS, build_graph
 from agl_bridge.types import CallClass, LLMCall
 
@@ -204,3 +207,40 @@ def test_a_recorded_prefix_break_links_a_re_rendered_turn_to_the_closest_earlier
     second = call(3, [*SYSTEM[:20], 55, 56, *GEN, 10, *END, 2, *GEN], reply(11), prefix_breaks=broken)
     assert classes([first, title, second]) == {1: "main", 2: "side", 3: "main"}
     assert parents([first, title, second])[3] == 1
+
+
+# --- the recorded real-agent sessions (tests/convert/fixtures/, labelled by hand) -----------------
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_every_recorded_call_gets_its_labelled_class(name: str) -> None:
+    labels = load_labels(name)
+    for attempt in load_fixture(name):
+        graph = build_graph(attempt.calls)
+        found = {call_key(call): graph.nodes[(call.sequence, call.choice_index)] for call in attempt.calls}
+        wrong = {
+            key: f"{node.call_class.value}, labelled {labels[key].call_class}: {node.reason}"
+            for key, node in found.items()
+            if node.call_class.value != labels[key].call_class
+        }
+        assert not wrong, wrong
+        assert not graph.warnings
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_a_recorded_session_trains_only_its_main_conversation_and_sub_agents(name: str) -> None:
+    labels = load_labels(name)
+    (attempt,) = load_fixture(name)
+    trajectory = convert_attempt(attempt.calls, attempt.rewards, "succeeded")
+    assert isinstance(trajectory, Trajectory)
+    trained = {
+        f"{attempt.rollout_id}/{attempt.attempt_id}/{c.sequence}/{c.choice_index}"
+        for s in trajectory.segments
+        for c in s.calls
+    }
+    assert trained == {key for key, label in labels.items() if label.call_class in ("main", "subagent")}
+    for segment in trajectory.segments:  # token fidelity: every trained id is a sampled id of its call
+        by_sequence = {call.sequence: call for call in attempt.calls}
+        for spot in segment.calls:
+            sampled = list(by_sequence[spot.sequence].response_token_ids)
+            assert segment.input_ids[spot.response_start : spot.response_end] == sampled
