@@ -139,8 +139,7 @@ def api_error(exc: BaseException, *, method: str = "", path: str = "") -> ApiErr
         message = exc.detail if isinstance(exc.detail, str) and exc.detail else "error"
         if status == 404:
             message = f"no route {method} {path}; the API is under /v1 (or /rollout/ROLLOUT_ID/attempt/ATTEMPT_ID/v1)"
-            if path.startswith("/v1/v1/"):
-                message += "; the client adds /v1 itself (Anthropic's SDKs do): drop /v1 from its base URL"
+            message += doubled_v1_hint(path)
         elif status == 405:
             message = f"{method} is not allowed on {path}"
         return ApiError(status, message, _type_for(status), code=STATUS_CODES.get(status), headers=exc.headers or {})
@@ -154,6 +153,13 @@ def api_error(exc: BaseException, *, method: str = "", path: str = "") -> ApiErr
         )
     message = f"the server failed unexpectedly ({type(exc).__name__}); see the server log"
     return ApiError(500, message, SERVER_ERROR, code="internal_error")
+
+
+def doubled_v1_hint(path: str) -> str:
+    """The hint for a base URL that ends in /v1 given to a client that adds /v1 itself ("" otherwise)."""
+    if path.startswith("/v1/v1/"):
+        return "; the client adds /v1 itself (Anthropic's SDKs do): drop /v1 from its base URL"
+    return ""
 
 
 def logged(error: ApiError, exc: BaseException, scope: Mapping[str, Any]) -> ApiError:

@@ -59,6 +59,7 @@ from agl_bridge.proxy.errors import (
     PERMISSION,
     ApiError,
     api_error,
+    doubled_v1_hint,
     install_error_handlers,
     protocol_of,
     send_error,
@@ -362,7 +363,7 @@ def _scoped(
             f"{method} {path[:200]} is not served to agent keys: an agent key reaches its own model routes only "
             "(chat completions, completions, Responses, Anthropic Messages, models); rewards, the lifecycle and "
             "weights need the operator's key"
-        )
+        ) + doubled_v1_hint(path)
         return headers, ApiError(404, message, code="not_found")
     routed = [(k, v) for k, v in headers if k not in own]
     return routed + list(own.items()), None
@@ -370,6 +371,8 @@ def _scoped(
 
 def _closed(method: str, path: str) -> ApiError:
     """The 404 for one of LiteLLM's closed routes (management, debug, SSO, spend, upstream health)."""
+    if hint := doubled_v1_hint(path):
+        return ApiError(404, f"no route {method} {path[:200]}{hint}", code="not_found")
     message = (
         f"{method} {path[:200]} is not served: LiteLLM's management, debug, SSO, spend and upstream-health routes "
         "are off (agl-bridge serve --litellm-admin-routes opens them to the operator key)"

@@ -128,7 +128,8 @@ async def test_a_version_2_store_is_upgraded_in_place_keeping_its_calls(postgres
         await store.add_llm_call(call("ro", "0", 1))
     schema = postgres_dsn.rsplit("%3D", 1)[1]
     with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:  # back to version 2's layout
-        conn.execute(f'ALTER TABLE "{schema}".llm_calls DROP COLUMN declared_class, DROP COLUMN declared_parent')
+        dropped = "DROP COLUMN declared_class, DROP COLUMN declared_parent, DROP COLUMN carries"
+        conn.execute(f'ALTER TABLE "{schema}".llm_calls {dropped}')
         conn.execute(f'UPDATE "{schema}".agl_schema_version SET version = 2')
     async with PostgresStore(postgres_dsn) as store:
         (kept,) = [c async for c in store.iter_llm_calls("ro", "0")]

@@ -137,9 +137,10 @@ async def test_a_version_2_store_is_upgraded_in_place_keeping_its_calls(
     async with SQLiteStore(path) as store:
         await store.add_llm_call(make_call())
         await store.add_llm_call(make_call(prompt_token_ids=[7, 8]))
-    with sqlite3.connect(path) as conn:  # back to version 2's layout: the two columns were added last
+    with sqlite3.connect(path) as conn:  # back to version 2's layout: the three columns were added last
         conn.execute("ALTER TABLE llm_calls DROP COLUMN declared_class")
         conn.execute("ALTER TABLE llm_calls DROP COLUMN declared_parent")
+        conn.execute("ALTER TABLE llm_calls DROP COLUMN carries")
         conn.execute(f"UPDATE {VERSION_TABLE} SET version = 2, created_by = 'agl_bridge 0.2'")
     with pytest.raises(StoreSchemaError, match=r"upgraded in place.*agl-bridge inspect --store"):
         ReadOnlyStore(path)  # a read-only opener cannot upgrade it; it says how

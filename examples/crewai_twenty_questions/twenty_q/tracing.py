@@ -98,8 +98,12 @@ def enable_crewai_tracing(endpoint: Any) -> Any | None:
         return None
     from agl_bridge.tracing import configure_agent_tracing
 
+    # One exporter serves every game this process plays, so it needs a key that reaches every attempt:
+    # the harness's key where the runner gives it (a function agent runs in the runner's process), else
+    # the attempt's own agent key (an agent run as a command plays one game per process).
+    key = getattr(endpoint, "reward_key", None) or endpoint.api_key
     try:
-        return configure_agent_tracing(endpoint=endpoint.server_url, api_key=endpoint.api_key)
+        return configure_agent_tracing(endpoint=endpoint.server_url, api_key=key)
     except Exception as error:
         logger.warning("agl_bridge tracing could not be configured (%s); CrewAI spans will not be recorded", error)
         return None
