@@ -77,11 +77,11 @@ class AgentKeys:
         """The scope `token` opens, or why it opens nothing."""
         raw = token.encode() if isinstance(token, str) else token
         body, dot, signature = raw.rpartition(b".")
-        given = _unb64(signature) if dot else None
-        # compare_digest runs in constant time; a malformed signature still costs one HMAC, so timing
-        # says nothing about how far a forged token got.
-        expected = self._sign(body)
-        if given is None or not hmac.compare_digest(expected, given) or not body.startswith(_PREFIX_BYTES):
+        # Compared as text, in constant time: one spelling per key (base64's padding bits could otherwise
+        # be varied), and a malformed signature still costs one HMAC, so timing says nothing about how far
+        # a forged token got.
+        expected = _b64(self._sign(body))
+        if not dot or not hmac.compare_digest(expected, signature) or not body.startswith(_PREFIX_BYTES):
             return KeyRefusal("the agent key is not valid for this server (altered, truncated, or minted elsewhere)")
         try:
             version, rollout_id, attempt_id, expires = json.loads(_unb64(body[len(_PREFIX_BYTES) :]) or b"")

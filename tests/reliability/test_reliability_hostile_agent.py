@@ -22,7 +22,7 @@ import httpx
 import pytest
 from shared_helpers import new_id
 
-from agl_bridge.agent_keys import AgentKeys
+from agl_bridge.agent_keys import AgentKeys, KeyRefusal
 from agl_bridge.proxy.access_log import ACCESS_LOGGER
 from agl_bridge.proxy.adapters import confined
 from agl_bridge.proxy.gateway import Gateway
@@ -298,6 +298,9 @@ def test_expired_keys_are_refused_without_saying_which_part_was_right(proxy_serv
     tampered_body = keys.check(body[:-1] + ("A" if body[-1] != "A" else "B") + "." + signature)
     tampered_signature = keys.check(body + "." + signature[:-1] + ("A" if signature[-1] != "A" else "B"))
     assert tampered_body == tampered_signature  # one answer, whichever part was altered
+    for last in "ABCD":  # the signature's last character carries base64 padding bits: one spelling is valid
+        spelled = body + "." + signature[:-1] + last
+        assert isinstance(keys.check(spelled), KeyRefusal) == (spelled != fresh)
 
 
 async def test_management_routes_open_to_the_operator_only_when_asked() -> None:
