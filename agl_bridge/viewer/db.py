@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from agl_bridge.store.errors import StoreError, StoreSchemaError
 from agl_bridge.store.export import check_store_file
@@ -26,7 +27,44 @@ ConnectionSetup = Callable[[sqlite3.Connection], None]
 """Called on each new connection (e.g. to register SQL functions)."""
 
 
-class ReadOnlyStore:
+class WatchedConnections:
+    """What the read-only store openers share: the connections they opened (closed together) and a
+    change counter over a mark of the store's committed state (`_mark`, one per backend)."""
+
+    def __init__(self) -> None:
+        self._opened: list[Any] = []
+        self._lock = threading.Lock()
+        self._watch_lock = threading.Lock()
+        self._changes = 0
+        self._last_mark: object = None
+
+    def _mark(self) -> object:
+        """Something that differs whenever another connection committed (a data version, a stamp)."""
+        raise NotImplementedError
+
+    def _opened_one(self, conn: Any) -> None:
+        """Keep `conn` to close with the others."""
+        with self._lock:
+            self._opened.append(conn)
+
+    def changes(self) -> int:
+        """A counter that goes up whenever another connection committed since the last call."""
+        with self._watch_lock:
+            mark = self._mark()
+            if mark != self._last_mark:
+                self._last_mark = mark
+                self._changes += 1
+            return self._changes
+
+    def close(self) -> None:
+        """Close every connection this object opened."""
+        with self._lock:
+            opened, self._opened = self._opened, []
+        for conn in opened:
+            conn.close()
+
+
+class ReadOnlyStore(WatchedConnections):
     """A store file opened read-only; raises NoStoreError / StoreSchemaError / StoreError on open.
 
     `setup` runs on every connection this object opens (one per thread that reads).
@@ -42,12 +80,9 @@ class ReadOnlyStore:
         self._setup = setup
         self._busy_timeout_s = busy_timeout_s
         self._local = threading.local()
-        self._opened: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        super().__init__()
         self._watcher = self._connect()
-        self._watch_lock = threading.Lock()
-        self._last_data_version = self._data_version()
-        self._changes = 0
+        self._last_mark = self._mark()
 
     def _connect(self) -> sqlite3.Connection:
         try:
@@ -76,8 +111,7 @@ class ReadOnlyStore:
             ) from None
         if self._setup is not None:
             self._setup(conn)
-        with self._lock:
-            self._opened.append(conn)
+        self._opened_one(conn)
         return conn
 
     def connection(self) -> sqlite3.Connection:
@@ -104,21 +138,5 @@ class ReadOnlyStore:
             if conn.in_transaction:
                 conn.execute("COMMIT")
 
-    def _data_version(self) -> int:
+    def _mark(self) -> int:
         return int(self._watcher.execute("PRAGMA data_version").fetchone()[0])
-
-    def changes(self) -> int:
-        """A counter that goes up whenever another connection committed since the last call."""
-        with self._watch_lock:
-            version = self._data_version()
-            if version != self._last_data_version:
-                self._last_data_version = version
-                self._changes += 1
-            return self._changes
-
-    def close(self) -> None:
-        """Close every connection this object opened."""
-        with self._lock:
-            opened, self._opened = self._opened, []
-        for conn in opened:
-            conn.close()

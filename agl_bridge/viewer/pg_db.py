@@ -35,6 +35,7 @@ from agl_bridge.convert import ConvertOptions
 from agl_bridge.store.errors import StoreError
 from agl_bridge.store.postgres_check import check_store_tables, connect_read_only
 from agl_bridge.store.postgres_writer import describe_dsn
+from agl_bridge.viewer.db import WatchedConnections
 
 _ROWID = re.compile(r"\browid\b")
 _GROUP_CONCAT = re.compile(r"group_concat\(DISTINCT ([\w.]+)\)")
@@ -109,7 +110,7 @@ class PostgresConnection:
         return self.raw.execute(text, args)
 
 
-class PostgresReadOnlyStore:
+class PostgresReadOnlyStore(WatchedConnections):
     """A PostgreSQL store opened read-only; raises StoreError (NoStoreError, StoreSchemaError, …) on open.
 
     options: the run's conversion options, for the `agl_return` aggregate the lists sort and filter by.
@@ -121,23 +122,19 @@ class PostgresReadOnlyStore:
         self.name = self.where.split("/", 3)[-1].split(" ")[0]
         self._options = options or ConvertOptions()
         self._local = threading.local()
-        self._opened: list[Any] = []
-        self._lock = threading.Lock()
-        self._watch_lock = threading.Lock()
+        super().__init__()
         self._watcher = self._connect()
         try:
             check_store_tables(self._watcher, self.where)
         except BaseException:
             self.close()
             raise
-        self._last_stamp = self._stamp()
-        self._changes = 0
+        self._last_mark = self._mark()
 
     def _connect(self) -> Any:
         conn = connect_read_only(self.dsn, where=self.where)
         conn.execute("SET default_transaction_read_only = on")
-        with self._lock:
-            self._opened.append(conn)
+        self._opened_one(conn)
         return conn
 
     def _read_error(self, exc: BaseException) -> StoreError:
@@ -179,7 +176,7 @@ class PostgresReadOnlyStore:
             if not conn.raw.closed and not conn.raw.broken:
                 conn.raw.execute("ROLLBACK")  # read only: nothing to commit, and an aborted one ends too
 
-    def _stamp(self) -> tuple[Any, ...]:
+    def _mark(self) -> tuple[Any, ...]:
         import psycopg
 
         try:
@@ -188,19 +185,3 @@ class PostgresReadOnlyStore:
             return tuple(self._watcher.execute(_STAMP).fetchone())
         except psycopg.Error as exc:
             raise self._read_error(exc) from exc
-
-    def changes(self) -> int:
-        """A counter that goes up whenever the store's stamp moved since the last call."""
-        with self._watch_lock:
-            stamp = self._stamp()
-            if stamp != self._last_stamp:
-                self._last_stamp = stamp
-                self._changes += 1
-            return self._changes
-
-    def close(self) -> None:
-        """Close every connection this object opened."""
-        with self._lock:
-            opened, self._opened = self._opened, []
-        for conn in opened:
-            conn.close()
