@@ -208,6 +208,7 @@ class GRPOConfig:
     default_max_tokens: int = 256
     eval_every: int = 5
     eval_group_size: int = 1
+    final_eval_group_size: int | None = None
     checkpoint_every: int = 5
     missing_reward: Literal["drop", "zero", "error"] = "drop"
     reward_weights: dict[str, float] = field(default_factory=dict)
@@ -252,7 +253,7 @@ class GRPOConfig:
                 f"train_unembedding cannot be used with sampler {self.sampler!r}: vLLM loads LoRA weights only, not a "
                 'fully trained lm_head; set train_unembedding = false or sampler = "hf"'
             )
-        positive = (
+        positive: tuple[str, ...] = (
             "steps",
             "batch_size",
             "group_size",
@@ -265,6 +266,8 @@ class GRPOConfig:
             "eval_group_size",
             "checkpoint_every",
         )
+        if self.final_eval_group_size is not None:
+            positive += ("final_eval_group_size",)
         for name in positive:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")

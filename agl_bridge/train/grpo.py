@@ -246,6 +246,13 @@ class GRPOTrainer:
         runner = self._runner(proxy, store, config.group_size)
         evaluator = self._runner(proxy, store, config.eval_group_size)
         evaluate = functools.partial(evaluate_held_out, evaluator, self.eval_tasks, store, options, log)
+        # The figure a run ends with is read more than any other: it may take more rollouts per task.
+        final_evaluator = (
+            self._runner(proxy, store, config.final_eval_group_size)
+            if config.final_eval_group_size not in (None, config.eval_group_size)
+            else evaluator
+        )
+        evaluate_last = functools.partial(evaluate_held_out, final_evaluator, self.eval_tasks, store, options, log)
         validate = functools.partial(
             evaluate_held_out, evaluator, self.validation_tasks, store, options, log, split=VALIDATION
         )
@@ -345,7 +352,9 @@ class GRPOTrainer:
                 # eval
                 last = step + 1 == config.steps
                 if (step + 1) % config.eval_every == 0 or last:
-                    summary.eval_end = await evaluate(step=step + 1, label=f"after step {step + 1}")
+                    summary.eval_end = await (evaluate_last if last else evaluate)(
+                        step=step + 1, label=f"after step {step + 1}"
+                    )
                     await _validate(validate, best, client, log, step=step + 1, held_out=summary.eval_end)
                 # checkpoint
                 if (step + 1) % config.checkpoint_every == 0 or last:
@@ -355,9 +364,12 @@ class GRPOTrainer:
             ahead.cancel()
             runner.close()
             evaluator.close()
+            if final_evaluator is not evaluator:
+                final_evaluator.close()
             if judge is not None:
                 await judge.close()
         kept = best.restore(client) if best is not None else None
+        summary.eval_last = summary.eval_end
         if kept is not None:
             summary.kept_step, summary.eval_end = kept.step, kept.held_out_reward
             log.say(

@@ -29,6 +29,8 @@ class RunSummary:
     warm_start: dict[str, float | None] = field(default_factory=dict)
     kept_step: int | None = None
     """With `keep_best`: the step whose adapter the run ended with (eval_end is its held-out reward)."""
+    eval_last: float | None = None
+    """The held-out reward of the last step's adapter (eval_end too, unless `keep_best` kept another)."""
 
 
 class RunLog:

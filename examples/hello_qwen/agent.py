@@ -19,7 +19,7 @@ VALIDATION = 40
 
 def split_numbers(seed: int = 1234) -> tuple[list[int], list[int], list[int]]:
     """(training, validation, held-out numbers): disjoint, fixed for a seed. Neither validation nor held-out
-    numbers are ever trained on; the validation ones choose the adapter a run keeps, the held-out ones
+    numbers are ever trained on; validation ones can choose the adapter a run keeps (`keep_best`), held-out ones
     measure it."""
     numbers = list(range(1000))
     random.Random(seed).shuffle(numbers)

@@ -133,7 +133,8 @@ def test_trainer_killed_mid_step_resumes_without_repeating_or_skipping(tmp_path:
         r[0]
         for r in query(
             store,
-            "SELECT rollouts.rowid FROM attempts JOIN rollouts USING (rollout_id) WHERE attempts.error LIKE 'interrupted:%'",
+            "SELECT rollouts.rowid FROM attempts JOIN rollouts USING (rollout_id)"
+            " WHERE attempts.error LIKE 'interrupted:%'",
         )
     }
     assert interrupted_attempts <= {r[0] for r in interrupted if r[3] == "failed"}
