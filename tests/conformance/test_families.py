@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
@@ -60,6 +61,7 @@ def _gap(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
+@pytest.mark.slow
 def test_greedy_equals_generate_alone_and_batched(family_dir: Path, family_tokenizer: Any, results: dict) -> None:
     model = load_causal_lm(family_dir)
     prompts = _prompts()

@@ -69,6 +69,7 @@ def test_unservable_architectures_are_refused_at_load(model_type: str) -> None:
     assert refused.value.model_type == model_type
 
 
+@pytest.mark.slow
 def test_serve_refuses_an_unservable_checkpoint_in_one_line(
     tmp_path: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -232,6 +232,7 @@ def live_calls() -> int:
     return sum(1 for obj in gc.get_objects() if type(obj) is LLMCall)
 
 
+@pytest.mark.slow
 async def test_conversion_streams_rollout_by_rollout(tmp_path: Path) -> None:
     n_rollouts, calls_per = 240, 4
     async with SQLiteStore(tmp_path / "big.db", read_page_size=8) as store:

@@ -186,6 +186,7 @@ def test_malformed_rollout_ids_are_refused_before_any_work(
     assert len(proxy_server.sampler.served) == before
 
 
+@pytest.mark.slow
 async def test_a_thousand_bad_requests_then_a_good_one(proxy_server: Any) -> None:
     """A mix over every layer that refuses (gateway, LiteLLM, our pre-call check, the chat service),
     weighted toward the cheap refusals to keep the test short: LiteLLM's error path costs ~10-50 ms."""

@@ -26,6 +26,7 @@ from agl_bridge.testing.proxy_process import ProxyProcess, child_env, start_prox
 SERVING = re.compile(r"agl-bridge is serving 'tiny' \(.+\) at http://127\.0\.0\.1:(?P<port>\d+)/v1 \(2 processes")
 
 
+@pytest.mark.slow
 def test_workers_with_the_in_process_sampler_are_refused_in_one_line(tiny_model_dir: Path, tmp_path: Path) -> None:
     done = subprocess.run(
         [AGL_BRIDGE, "serve", "--model", str(tiny_model_dir), "--workers", "2", "--store", str(tmp_path / "s.db")],

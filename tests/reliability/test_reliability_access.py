@@ -156,6 +156,7 @@ def test_serve_defaults_to_loopback() -> None:
     assert inspect.signature(ProxyServer).parameters["host"].default == "127.0.0.1"
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_public_bind_without_a_key_before_loading_the_model(tmp_path: Path) -> None:
     """The model path does not exist: an error about the key proves the check comes first (and fast)."""
     started = time.monotonic()

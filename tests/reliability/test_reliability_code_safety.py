@@ -12,6 +12,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[2] / "agl_bridge"
 
 # Calls that run or deserialize arbitrary code/objects.
@@ -130,6 +132,7 @@ def _keyword(call: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == name), None)
 
 
+@pytest.mark.slow
 def test_nothing_is_unpickled_or_evaluated() -> None:
     problems = []
     for module, tree in _modules():

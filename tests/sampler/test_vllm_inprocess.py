@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def _run_in_vllm_venv(code: str, tmp_path: Path, timeout: float = 420) -> tuple[subprocess.CompletedProcess, list]:
-    """Run `code` with the vLLM venv's python; (the finished process, PIDs its session left alive)."""
+    """Run `code` with the vLLM venv's python; (the finished process, the processes its session left alive)."""
     script = tmp_path / f"script_{uuid.uuid4().hex[:6]}.py"
     # vLLM spawns its engine core, which imports the main module again: the work goes under the main guard.
     body = textwrap.indent(textwrap.dedent(code), "    ")
@@ -49,7 +49,7 @@ def _run_in_vllm_venv(code: str, tmp_path: Path, timeout: float = 420) -> tuple[
 
 
 def _result(run: subprocess.CompletedProcess) -> dict:
-    assert run.returncode == 0, run.stdout[-6000:]
+    assert run.returncode == 0, f"exit status {run.returncode}\n{run.stdout[-6000:]}"
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, run.stdout[-6000:]
     return json.loads(lines[-1].removeprefix("RESULT "))
@@ -122,7 +122,7 @@ def test_the_sampler_on_vllms_cpu_build(tiny_model_dir: Path, tmp_path: Path) ->
     assert out["to_the_window"] == 256 - 4
     assert out["score_gap"] <= 1e-4 and out["trainer_gap"] <= 1e-4, out
     assert out["versions"] == [[1], [2]] and out["adapter_folders"] == ["tiny-v2"], "older adapters removed"
-    assert left == [], "close() left engine processes"
+    assert left == [], f"close() left engine processes: {left}\n{run.stdout[-3000:]}"
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -185,6 +185,7 @@ def test_the_hello_demo_trains_on_vllm_and_leaves_no_engine_process(tmp_path: Pa
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if m.get("phase") == "train"]
     assert len(steps) == 3 and all(m["rollouts_failed"] == 0 and m["trajectories"] > 0 for m in steps), steps
-    assert max(m["logprob_diff_abs_max"] for m in steps) <= 1e-4, "vLLM's logprobs are the trainer's (float32)"
+    gaps = [m["logprob_diff_abs_max"] for m in steps]
+    assert max(gaps) <= 1e-4, f"vLLM's logprobs are the trainer's (float32): {gaps}"
     assert [m["policy_version"] for m in steps] == sorted({m["policy_version"] for m in steps}), "a sync per step"
-    assert left == [], "the end of the run left engine processes"
+    assert left == [], f"the end of the run left engine processes: {left}\n{run.stdout[-3000:]}"

@@ -77,12 +77,23 @@ def session_processes(session_id: int) -> list[int]:
     return found
 
 
-def wait_gone(session_id: int, timeout: float = 60) -> list[int]:
-    """Wait until no process of the session is alive; the PIDs still there at the timeout."""
+def wait_gone(session_id: int, timeout: float = 60) -> list[str]:
+    """Wait until no process of the session is alive; what is still there at the timeout, each as
+    "PID (state, parent PID): command line" — so a failing test says which process outlived its run."""
     deadline = time.monotonic() + timeout
     while (left := session_processes(session_id)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return left
+    return [describe_process(pid) for pid in left]
+
+
+def describe_process(pid: int) -> str:
+    """'PID (state, parent PID): command line' of a live process; what /proc still holds of it."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return f"{pid} (gone while described)"
+    return f"{pid} ({fields[0]}, parent {fields[1]}): {command[:300]}"
 
 
 def kill_session(session_id: int) -> None:

@@ -238,6 +238,7 @@ async def test_a_failure_mid_export_leaves_no_partial_file(
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+@pytest.mark.slow
 async def test_export_streams_in_bounded_memory(tmp_path: Path) -> None:
     # 1,500 calls of 400 tokens: ~36 MB once decoded into Python objects. Streaming in pages of 16
     # keeps only a few calls alive; loading the store first would trip the bound below.

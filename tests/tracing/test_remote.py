@@ -101,6 +101,7 @@ def test_subprocess_without_rollout_fails_loudly() -> None:
     assert "NoRolloutError" in result.stderr and semconv.ENV_ROLLOUT_ID in result.stderr
 
 
+@pytest.mark.slow
 def test_global_provider_sees_the_reward_span_and_the_store_gets_the_same_span(receiver: ReceiverServer) -> None:
     code = f"""
         import json

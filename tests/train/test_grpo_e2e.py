@@ -155,10 +155,13 @@ def test_keep_best_ends_with_the_adapter_of_the_best_validation_reward(
         validation_tasks="validation.jsonl",
         keep_best=True,
         eval_group_size=2,
+        final_eval_group_size=4,
     )
     result = _train(config)
     run = tmp_path / "run"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rollouts = [r["eval_rollouts"] for r in records if r["phase"] == "eval"]
+    assert rollouts[-1] == 2 * rollouts[0] and set(rollouts[:-1]) == {rollouts[0]}, "more rollouts after the last step"
     validation = {r["step"]: r["validation_reward"] for r in records if r["phase"] == "validation"}
     held_out = {r["step"]: r["eval_reward"] for r in records if r["phase"] == "eval"}
     assert sorted(validation) == sorted(held_out) == [0, 1, 2, 3, 4]

@@ -29,6 +29,7 @@ def test_config_files_in_three_formats(tmp_path: Path) -> None:
         ({"stepz": 3}, "unknown key 'stepz'"),
         ({"warm_start": {"stepz": 1}}, "unknown key 'warm_start.stepz'"),
         ({"batch_size": 0}, "batch_size must be an integer >= 1"),
+        ({"final_eval_group_size": 0}, "final_eval_group_size must be an integer >= 1"),
         ({"loss_fn": "dpo"}, "loss_fn must be one of"),
         ({"tis_cap": 0.5}, "tis_cap must be >= 1"),
         ({"clip_high_threshold": 0.2}, "clip thresholds are ratios"),
