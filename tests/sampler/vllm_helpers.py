@@ -68,13 +68,18 @@ def session_processes(session_id: int) -> list[int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[3]) == session_id:  # state, ppid, pgrp, session
+        fields = _stat_fields(int(entry.name))
+        if fields and fields[0] != "Z" and int(fields[3]) == session_id:  # state, ppid, pgrp, session
             found.append(int(entry.name))
     return found
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (state, parent PID, group, session, …); [] if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
 
 
 def wait_gone(session_id: int, timeout: float = 60) -> list[str]:
@@ -88,10 +93,12 @@ def wait_gone(session_id: int, timeout: float = 60) -> list[str]:
 
 def describe_process(pid: int) -> str:
     """'PID (state, parent PID): command line' of a live process; what /proc still holds of it."""
+    fields = _stat_fields(pid)
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
+        fields = []
+    if not fields:
         return f"{pid} (gone while described)"
     return f"{pid} ({fields[0]}, parent {fields[1]}): {command[:300]}"
 
