@@ -587,8 +587,8 @@ def train_command(
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in the config's run_dir."),
 ) -> None:
     """Train an agent with GRPO through the proxy (sample, convert, train, sync weights live), or DPO (mode = "dpo")."""
+    from agl_bridge.primitives.checkpoint import CheckpointMismatchError
     from agl_bridge.runner import TaskFileError
-    from agl_bridge.train.checkpoint import CheckpointMismatchError
     from agl_bridge.train.config import ConfigError, load_config
     from agl_bridge.train.grpo import GRPOTrainer
 

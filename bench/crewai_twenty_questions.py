@@ -85,9 +85,9 @@ def bench_train_compute(run_dir: Path) -> dict[str, float]:
 
     from agl_bridge.convert import convert_store
     from agl_bridge.models.loading import resolve_model_path
+    from agl_bridge.primitives.client import AdamParams, TrainingClient
     from agl_bridge.store.sqlite import SQLiteStore
-    from agl_bridge.train.advantages import datums_for
-    from agl_bridge.train.client import AdamParams, TrainingClient
+    from agl_bridge.train.datums import datums_for
 
     async def trajectories() -> list:
         async with SQLiteStore(run_dir / "store.sqlite") as store:

@@ -82,9 +82,9 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from agl_bridge.models.families import DEFAULT_FAMILY, FAMILIES
 from agl_bridge.models.loading import load_causal_lm, load_tokenizer
 from agl_bridge.models.tiny import build_tiny_model
+from agl_bridge.primitives import AdamParams, Datum, SamplingClient, TrainingClient
 from agl_bridge.sampler.base import SamplingParams
 from agl_bridge.sampler.hf import HFSampler
-from agl_bridge.train import AdamParams, Datum, SamplingClient, TrainingClient
 
 TOLERANCE = 1e-5
 """Largest |sampler logprob - reference logprob| accepted, float32, on CPU and CUDA alike (see the module docs)."""

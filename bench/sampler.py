@@ -73,8 +73,8 @@ def _vllm_rate(sampler: Any, prompt: list[int], concurrency: int) -> float:
 def _vllm_column(model_name: str, prompt: list[int], repeats: int, syncs: int) -> dict[str, Any]:
     """vLLM tokens/s per concurrency, and the in-process LoRA sync latency (ms)."""
     from agl_bridge.models.loading import resolve_model_path
+    from agl_bridge.primitives.client import TrainingClient
     from agl_bridge.sampler.vllm import VLLMSampler
-    from agl_bridge.train.client import TrainingClient
 
     path = str(resolve_model_path(model_name))
     with tempfile.TemporaryDirectory() as folder:

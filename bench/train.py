@@ -29,8 +29,8 @@ from typing import Self
 
 import torch
 
+from agl_bridge.primitives import AdamParams, Datum, TrainingClient
 from agl_bridge.sampler.base import SamplingParams
-from agl_bridge.train import AdamParams, Datum, TrainingClient
 
 SEQUENCES = 16
 TOKENS = 64
@@ -120,7 +120,7 @@ def _loss_overhead(client: TrainingClient, data: list[Datum], rounds: int) -> di
 
 def _loss_part_ms(repeats: int = 200) -> dict[str, float]:
     """Median CPU ms of the loss alone (value + its backward to the logprobs) on a batch-shaped [16, 64] input."""
-    from agl_bridge.train.losses import compute_loss, get_loss, resolve_config
+    from agl_bridge.primitives.losses import compute_loss, get_loss, resolve_config
 
     generator = torch.Generator().manual_seed(0)
     shape = (SEQUENCES, TOKENS)

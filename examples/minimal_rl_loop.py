@@ -17,8 +17,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from agl_bridge.primitives import AdamParams, Datum, TrainingClient
 from agl_bridge.sampler.base import SamplingParams
-from agl_bridge.train import AdamParams, Datum, TrainingClient
 
 
 @dataclass

@@ -16,7 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +78,24 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from agl_bridge.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model") / "tiny")
+
+
+@pytest.fixture
+def make_client(tiny_model_dir: Path) -> Iterator[Callable[..., Any]]:
+    """Factory for TrainingClients on the tiny model (closed after the test); kwargs go to the client."""
+    from agl_bridge.primitives import TrainingClient
+
+    clients: list[TrainingClient] = []
+
+    def make(**kwargs: Any) -> TrainingClient:
+        kwargs.setdefault("lora_rank", 8)
+        client = TrainingClient(str(kwargs.pop("base_model", tiny_model_dir)), device="cpu", **kwargs)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,8 @@ between parts (`agl_bridge.<part>`) are `MAY_IMPORT` below, the table docs/archi
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -29,28 +31,30 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "types": frozenset({"semconv"}),
     "models": FOUNDATION,
     "store": FOUNDATION,
-    "chat": FOUNDATION | {"models"},
+    "chat": FOUNDATION,
     "sampler": FOUNDATION | {"models"},
     "tracing": FOUNDATION | {"store"},
     "convert": FOUNDATION | {"store"},
     "runner": FOUNDATION | {"store", "tracing"},
     "proxy": FOUNDATION | {"chat", "sampler", "store", "tracing"},
     "export": FOUNDATION | {"convert", "store"},
+    # the Tinker-shaped primitives: a training client publishing to a sampler; no proxy, runner, converter or store.
+    "primitives": FOUNDATION | {"models", "sampler"},
     # train drives the runner and an in-process proxy, converts what they recorded and trains on it.
-    "train": FOUNDATION | {"chat", "convert", "models", "proxy", "runner", "sampler", "store", "tracing"},
+    "train": FOUNDATION | {"chat", "convert", "models", "primitives", "proxy", "runner", "sampler", "store"},
     # the harness of the reliability tests and benchmarks: proxies in subprocesses, load, fuzzing.
-    "testing": FOUNDATION | {"chat", "models", "proxy", "runner", "sampler", "store", "tracing"},
+    "testing": FOUNDATION | {"chat", "models", "proxy", "runner", "sampler", "store"},
     "sampling_demo": FOUNDATION | {"chat", "models", "sampler"},
-    "__main__": frozenset({"cli"}),
+    "__main__": frozenset({"cli"}),  # `python -m agl_bridge` is the CLI
     # the read-only web app over a store and a run dir; only the CLI imports it.
-    "viewer": FOUNDATION
-    | {"chat", "convert", "models", "proxy", "store", "train"},  # `python -m agl_bridge` is the CLI
+    "viewer": FOUNDATION | {"chat", "convert", "models", "store", "train"},
     "cli": FOUNDATION
     | {
         "chat",
         "convert",
         "export",
         "models",
+        "primitives",
         "proxy",
         "runner",
         "sampler",
@@ -204,3 +208,13 @@ def test_parts_import_only_what_the_layering_allows() -> None:
         if part_of(target) != part_of(module) and part_of(target) not in MAY_IMPORT[part_of(module)]
     )
     assert not forbidden, "imports against the layering (docs/architecture.md):\n" + "\n".join(forbidden)
+
+
+def test_pure_primitives_and_the_viewers_advantages_load_without_torch() -> None:
+    code = (
+        "import sys, agl_bridge.primitives, agl_bridge.primitives.advantages, agl_bridge.train.advantages; "
+        "print(sorted(m for m in ('torch', 'peft', 'transformers') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", f"importing pure modules loaded {result.stdout.strip()}"

@@ -9,7 +9,8 @@ dropped (`DropReason`) and split (`SplitKind`). The schema on disk: docs/traject
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from agl_bridge import semconv
@@ -213,6 +214,10 @@ _WHY_DROPPED = {
 }
 
 
+MAX_REPORT_WARNINGS = 10
+"""Graph warnings a report keeps word for word (all are counted)."""
+
+
 @dataclass(slots=True, kw_only=True)
 class ConversionReport:
     """What a conversion did: attempts converted or dropped (by `DropReason`), segments, splits.
@@ -326,18 +331,18 @@ def in_class_order(counts: dict[str, int]) -> list[tuple[str, int]]:
     return [(name, counts[name]) for name in (*semconv.CALL_CLASSES, "unclassified") if name in counts]
 
 
-def combined_audit(reports: list[ConversionReport]) -> dict[str, Any]:
-    """One provenance audit over several conversions (the follow trainer converts a group at a time)."""
+def merged_reports(reports: Iterable[ConversionReport]) -> ConversionReport:
+    """One report adding up several conversions' (the follow trainer converts a group at a time):
+    every count summed, counts by key summed per key, the first few warnings kept."""
     total = ConversionReport()
     for report in reports:
-        for mine, theirs in (
-            (total.calls_by_class, report.calls_by_class),
-            (total.trained_tokens_by_class, report.trained_tokens_by_class),
-            (total.excluded_by_class, report.excluded_by_class),
-        ):
-            for name, n in theirs.items():
-                mine[name] = mine.get(name, 0) + n
-        total.trained_tokens += report.trained_tokens
-        total.trained_sampled_tokens += report.trained_sampled_tokens
-        total.graph_warnings += report.graph_warnings
-    return total.audit()
+        for item in fields(ConversionReport):
+            mine, theirs = getattr(total, item.name), getattr(report, item.name)
+            if isinstance(theirs, dict):
+                for key, n in theirs.items():
+                    mine[key] = mine.get(key, 0) + n
+            elif isinstance(theirs, list):
+                mine.extend(theirs[: max(0, MAX_REPORT_WARNINGS - len(mine))])
+            else:
+                setattr(total, item.name, mine + theirs)
+    return total

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterable
 
 from agl_bridge import semconv
 from agl_bridge.convert.policy import DEFAULT_OPTIONS, SKIP_CLASS, SKIP_NOT_SELECTED, SKIP_TEXT, ConvertOptions
-from agl_bridge.convert.records import ConversionReport, DropReason, Trajectory
+from agl_bridge.convert.records import MAX_REPORT_WARNINGS, ConversionReport, DropReason, Trajectory
 from agl_bridge.convert.trajectory import convert_attempt
 from agl_bridge.export_files import closing_stream
 from agl_bridge.store.base import Store
@@ -28,9 +28,6 @@ OUTSIDE_ATTEMPT = "outside_attempt"
 
 DROPPED_ATTEMPT = "dropped_attempt"
 """`calls_not_trained` key: calls of an attempt that produced no trajectory."""
-
-MAX_REPORT_WARNINGS = 10
-"""Graph warnings a report keeps word for word (all are counted)."""
 
 _ROLLOUT_VERDICTS = {RolloutStatus.FAILED: AttemptStatus.FAILED, RolloutStatus.TIMED_OUT: AttemptStatus.TIMED_OUT}
 

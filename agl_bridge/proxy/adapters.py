@@ -31,6 +31,7 @@ from fastapi.responses import PlainTextResponse
 from agl_bridge.proxy.completions import read_json_object
 from agl_bridge.proxy.request import RequestError
 from agl_bridge.sampler.adapter_files import AdapterFileError, read_peft_adapter
+from agl_bridge.sampler.weights import embeddings_tied
 
 _VERSIONED = re.compile(r"-v(?P<version>\d+)$")
 
@@ -108,7 +109,7 @@ def make_adapter_router(sampler: Any, registry: AdapterRegistry, root: Path | No
             state, scaling, saved = await asyncio.to_thread(read_peft_adapter, path)
         except AdapterFileError as error:
             raise RequestError(str(error), "lora_path") from None
-        if saved and _embeddings_tied(getattr(sampler, "model", None)):
+        if saved and embeddings_tied(getattr(sampler, "model", None)):
             raise RequestError(
                 f"the adapter in {path} trains {saved} in full, but this server's model ties its output layer to the "
                 "input embeddings; train without train_unembedding, or serve an untied copy of the model",
@@ -138,10 +139,3 @@ def make_adapter_router(sampler: Any, registry: AdapterRegistry, root: Path | No
     router.add_api_route("/v1/load_lora_adapter", load, methods=["POST"])
     router.add_api_route("/v1/unload_lora_adapter", unload, methods=["POST"])
     return router
-
-
-def _embeddings_tied(model: Any) -> bool:
-    if model is None:
-        return False
-    output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
-    return output is not None and inputs is not None and output.weight.data_ptr() == inputs.weight.data_ptr()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-_PEFT_PREFIX = "base_model.model."
+from agl_bridge.sampler.weights import PEFT_PREFIX
 
 
 class AdapterFileError(ValueError):
@@ -44,7 +44,7 @@ def read_peft_adapter(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Ten
         if ".lora_A." in key or ".lora_B." in key:
             state[key] = value
             continue
-        module = key.removeprefix(_PEFT_PREFIX).rsplit(".", 1)[0]
+        module = key.removeprefix(PEFT_PREFIX).rsplit(".", 1)[0]
         if module.rsplit(".", 1)[-1] not in saved:
             raise AdapterFileError(f"{folder}: tensor {key!r} is neither a LoRA weight nor in modules_to_save {saved}")
         # peft saves a modules_to_save copy under the module's own name; load_lora takes it in its

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-_PEFT_PREFIX = "base_model.model."
+PEFT_PREFIX = "base_model.model."
+"""What peft puts before a base model's module names in an adapter's keys."""
 _LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?:embedding_)?(?P<part>[AB])(?:\.[^.]+)?(?:\.weight)?$")
 _MODULES_TO_SAVE_KEY = re.compile(r"^(?P<module>.+)\.modules_to_save\.[^.]+\.(?P<param>[^.]+)$")
 MERGEABLE_LAYERS: dict[type[nn.Module], bool] = {nn.Linear: False, Conv1D: True}
@@ -127,4 +129,12 @@ class WeightLoader:
 
 
 def _strip_peft_prefix(name: str) -> str:
-    return name[len(_PEFT_PREFIX) :] if name.startswith(_PEFT_PREFIX) else name
+    return name[len(PEFT_PREFIX) :] if name.startswith(PEFT_PREFIX) else name
+
+
+def embeddings_tied(model: Any) -> bool:
+    """Whether a transformers model's output layer shares its weight with the input embeddings (None: no model)."""
+    if model is None:
+        return False
+    output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
+    return output is not None and inputs is not None and output.weight.data_ptr() == inputs.weight.data_ptr()

@@ -1,41 +1,7 @@
-"""Tinker-style training primitives on torch + peft LoRA: datums, losses, the training and sampling clients.
+"""The training modes over one run: online GRPO, offline GRPO, follow mode, the supervised warm start
+and DPO, each a loop of its own over the primitives of `agl_bridge.primitives`.
 
-The GRPO loop is built on these; see docs/primitives.md for the API and a custom-loop example.
+This is the composition layer of a training run: it starts the in-process proxy over the sampler,
+runs the agent through the runner, converts what the store recorded, and trains.
+`agl_bridge.train.grpo.GRPOTrainer` is its entry point (the CLI's `agl-bridge train`).
 """
-
-from __future__ import annotations
-
-from agl_bridge.train.checkpoint import CheckpointMismatchError, ModelIdentity
-from agl_bridge.train.client import (
-    AdamParams,
-    CustomLossFn,
-    ForwardBackwardOutput,
-    OptimStepOutput,
-    TrainFuture,
-    TrainingClient,
-)
-from agl_bridge.train.datum import Datum, DatumError
-from agl_bridge.train.losses import LOSSES, LossOutput, LossSpec, dpo_loss, get_loss, kl_k3
-from agl_bridge.train.metrics import logprob_gap_stats
-from agl_bridge.train.sampling_client import SamplingClient
-
-__all__ = [
-    "LOSSES",
-    "AdamParams",
-    "CheckpointMismatchError",
-    "CustomLossFn",
-    "Datum",
-    "DatumError",
-    "ForwardBackwardOutput",
-    "LossOutput",
-    "LossSpec",
-    "ModelIdentity",
-    "OptimStepOutput",
-    "SamplingClient",
-    "TrainFuture",
-    "TrainingClient",
-    "dpo_loss",
-    "get_loss",
-    "kl_k3",
-    "logprob_gap_stats",
-]

@@ -19,7 +19,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agl_bridge.train.client import TrainingClient
+from agl_bridge.primitives.client import TrainingClient
 
 BEST_ADAPTER = "best_adapter"
 """The folder of the kept adapter, under run_dir."""

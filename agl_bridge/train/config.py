@@ -21,13 +21,13 @@ import yaml
 from agl_bridge import semconv
 from agl_bridge.convert.policy import DEFAULT_TRAIN_CLASSES, ConvertOptions
 from agl_bridge.errors import ConfigError
+from agl_bridge.primitives.advantages import AdvantageEstimator
+from agl_bridge.primitives.client import DEFAULT_MAX_BATCH_TOKENS
+from agl_bridge.primitives.correction import CorrectionLevel
+from agl_bridge.primitives.losses import LOSSES
 from agl_bridge.runner.proxies import ProxyAddress
 from agl_bridge.sampler.factory import SamplerSpec, SamplerSpecError
 from agl_bridge.store.location import is_postgres_location
-from agl_bridge.train.advantages import AdvantageEstimator
-from agl_bridge.train.client import DEFAULT_MAX_BATCH_TOKENS
-from agl_bridge.train.correction import CorrectionLevel
-from agl_bridge.train.losses import LOSSES
 from agl_bridge.train.schedule import LRSchedule, scheduled_learning_rate
 
 Mode = Literal["online", "follow", "dpo"]

@@ -21,12 +21,12 @@ from agl_bridge.chat import ChatCodec
 from agl_bridge.convert import ConvertOptions, Trajectory, convert_store, group_trajectories
 from agl_bridge.errors import ConfigError
 from agl_bridge.models.loading import load_tokenizer, resolve_model_path
+from agl_bridge.primitives.datum import Datum
+from agl_bridge.primitives.losses import DPO_CHOSEN, DPO_PAIR, DPO_REF_LOGPROBS, dpo_loss
 from agl_bridge.runner import TaskSchedule, load_tasks
 from agl_bridge.store.sqlite import SQLiteStore
 from agl_bridge.train.config import GRPOConfig
-from agl_bridge.train.datum import Datum
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
-from agl_bridge.train.losses import DPO_CHOSEN, DPO_PAIR, DPO_REF_LOGPROBS, dpo_loss
 from agl_bridge.train.run_log import RunLog, RunSummary
 from agl_bridge.train.step import StepSettings, adam_params, run_client, train_step
 from agl_bridge.train.warm_start import sft_datum

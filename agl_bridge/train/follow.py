@@ -41,19 +41,20 @@ from typing import Any
 
 from agl_bridge.convert import ConversionReport, Trajectory, convert_store
 from agl_bridge.convert.policy import weighted_return
-from agl_bridge.convert.records import combined_audit
+from agl_bridge.convert.records import merged_reports
+from agl_bridge.primitives.client import TrainingClient
 from agl_bridge.proxy.server import ProxyServer
 from agl_bridge.store.base import Store
 from agl_bridge.store.location import describe_location, store_at
-from agl_bridge.train.advantages import batch_datums, group_advantages
-from agl_bridge.train.client import TrainingClient
+from agl_bridge.train.advantages import AdvantageBatch, group_advantages
 from agl_bridge.train.config import GRPOConfig
+from agl_bridge.train.datums import batch_datums
 from agl_bridge.train.follow_groups import ReadyGroup, WaitingCounts, ready_groups
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
-from agl_bridge.train.metrics import reward_stats, step_times
 from agl_bridge.train.policy import open_policy
 from agl_bridge.train.run_log import RunLog, RunSummary, format_reward, step_line
 from agl_bridge.train.step import grpo_settings, train_step
+from agl_bridge.train.step_record import Marks, step_record
 from agl_bridge.train.warm_start import warm_start
 from agl_bridge.types import Rollout, RolloutStatus
 
@@ -98,16 +99,12 @@ def train_follow(config: GRPOConfig, log: RunLog, *, resume: bool, warm_start_pa
         client.save_weights_and_get_sampling_client(version=version)
         store_path = follow.store or config.store_location(run_dir)
         if follow.store is None:
-            proxy = ProxyServer(
-                sampler=sampler,
-                tokenizer=policy.tokenizer,
-                store_path=store_path,
-                model_name=policy.name,
+            proxy = policy.proxy(
+                config,
+                run_dir,
                 host=follow.host,
                 port=follow.port,
                 api_key=follow.api_key,
-                default_max_tokens=config.default_max_tokens,
-                litellm_config_path=config.litellm_config,
                 rollout_idle_timeout_s=follow.rollout_idle_timeout_s,
             ).start()
             _announce(proxy, run_dir, log)
@@ -276,40 +273,32 @@ class FollowLoop:
         version: int,
         batch: StepBatch,
         trajectories: list[Trajectory],
-        advantages: Any,
+        advantages: AdvantageBatch,
         datums: list[Any],
         metrics: dict[str, Any],
-        marks: tuple[float, float, float, float, float],
+        marks: Marks,
         weights_at: float,
     ) -> None:
         rollouts = [r for group in batch.groups for r in group.rollouts]
         staleness = [g.staleness for g in batch.groups if g.staleness is not None]
-        dropped: dict[str, int] = {}
-        for group in batch.groups:
-            for reason, n in group.report.dropped.items():
-                dropped[reason] = dropped.get(reason, 0) + n
-        record: dict[str, Any] = {
-            "phase": "train",
-            "step": step,
+        record = step_record(
+            step=step,
+            policy_version=version,
+            trajectories=trajectories,
+            statuses=[r.status for r in rollouts],
+            report=merged_reports(group.report for group in batch.groups),
+            batch=advantages,
+            datums=len(datums),
+            metrics=metrics,
+            marks=marks,
+            last_finished_at=max((r.updated_at for r in rollouts), default=None),
+            weights_at=weights_at,
+        ) | {
             "follow": True,
-            "policy_version": version,
-            **reward_stats(trajectories),
-            "rollouts": len(rollouts),
-            "rollouts_failed": sum(r.status is RolloutStatus.FAILED for r in rollouts),
-            "rollouts_timed_out": sum(r.status is RolloutStatus.TIMED_OUT for r in rollouts),
-            "trajectories": len(trajectories),
-            "dropped": sum(dropped.values()),
-            "dropped_by_reason": dropped,
-            **combined_audit([group.report for group in batch.groups]),
-            "groups": advantages.groups,
-            "groups_zero_variance": advantages.groups_dropped_zero_variance,
             "groups_stale_dropped": batch.stale_groups,
             "rollouts_stale_dropped": batch.stale_rollouts,
             "staleness_mean": round(statistics.fmean(staleness), 3) if staleness else None,
             "staleness_max": max(staleness) if staleness else None,
-            "datums": len(datums),
-            **metrics,
-            **step_times(marks, max((r.updated_at for r in rollouts), default=None), weights_at),
         }
         self.log.write(record)
         stale = f" · {batch.stale_groups} stale groups dropped" if batch.stale_groups else ""

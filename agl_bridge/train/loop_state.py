@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agl_bridge.errors import ConfigError
-from agl_bridge.train.client import TrainingClient
+from agl_bridge.primitives.client import TrainingClient
 from agl_bridge.train.run_log import RunLog, drop_records_after
 
 CHECKPOINTS = "checkpoints"

@@ -24,13 +24,14 @@ from agl_bridge.models.loading import resolve_model_path
 from agl_bridge.runner import TaskSchedule
 from agl_bridge.store.export import open_existing_store
 from agl_bridge.store.location import describe_location, is_postgres_location
-from agl_bridge.train.advantages import batch_datums, group_advantages
+from agl_bridge.train.advantages import group_advantages
 from agl_bridge.train.config import GRPOConfig
+from agl_bridge.train.datums import batch_datums
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
-from agl_bridge.train.metrics import reward_stats
-from agl_bridge.train.run_log import RunLog, RunSummary, format_reward
+from agl_bridge.train.run_log import RunLog, RunSummary, step_line
 from agl_bridge.train.shaping import add_rewards, shaping_rewards
 from agl_bridge.train.step import grpo_settings, run_client, train_step
+from agl_bridge.train.step_record import step_record
 
 
 async def offline_groups(path: str, options: ConvertOptions, log: RunLog | None = None) -> list[list[Trajectory]]:
@@ -79,28 +80,31 @@ def train_offline(config: GRPOConfig, log: RunLog, *, resume: bool = False) -> R
             f"offline GRPO on {sum(map(len, groups))} trajectories in {len(groups)} groups from {config.offline_data}"
         )
         for step in range(0 if state is None else int(state["next_step"]), config.steps):
-            began = time.perf_counter()
+            t0 = time.perf_counter()
             members = [t for group in schedule.for_step(step) for t in group]
             batch = group_advantages(members, estimator=config.advantage, std_scaling=config.advantage_std_scaling)
             datums = batch_datums(
                 batch, aggregation=config.aggregation, estimator=config.advantage, budget=config.default_max_tokens
             )
+            t2 = time.perf_counter()
             metrics = asyncio.run(train_step(client, datums, settings.at_learning_rate(config.learning_rate_at(step))))
-            record = {
-                "phase": "train",
-                "step": step + 1,
-                "offline": True,
-                **reward_stats(members),
-                "trajectories": len(members),
-                "groups": batch.groups,
-                "groups_zero_variance": batch.groups_dropped_zero_variance,
-                "datums": len(datums),
-                **metrics,
-                "time_step_s": round(time.perf_counter() - began, 4),
-            }
+            t3 = time.perf_counter()
+            # Nothing was sampled (the data is recorded) and no sampler serves these weights.
+            record = step_record(
+                step=step + 1,
+                policy_version=None,
+                trajectories=members,
+                statuses=None,
+                report=None,  # converted once, before the first step (said on the console)
+                batch=batch,
+                datums=len(datums),
+                metrics=metrics,
+                marks=(t0, t0, t2, t3, t3),
+                last_finished_at=None,
+                weights_at=time.time(),
+            ) | {"offline": True}
             log.write(record)
-            reward = format_reward(record.get("reward_mean"))
-            log.say(f"offline step {step + 1}: reward {reward} · loss {record.get('loss')}")
+            log.say(step_line(record))
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                 save_checkpoint(client, run_dir, step + 1, None, config.seed, log)
         client.save_weights_for_sampler(run_dir / "final_adapter")

@@ -8,11 +8,13 @@ from files written to `adapter_dir`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agl_bridge.models.loading import load_tokenizer, resolve_model_path, served_model_name
+from agl_bridge.primitives.client import TrainingClient
+from agl_bridge.proxy.server import ProxyServer
 from agl_bridge.sampler.factory import build_sampler
-from agl_bridge.train.client import TrainingClient
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.step import run_client
 
@@ -31,6 +33,20 @@ class Policy:
         """Stop the training client, then the sampler."""
         self.client.close()
         self.sampler.close()
+
+    def proxy(self, config: GRPOConfig, run_dir: Path, **serving: Any) -> ProxyServer:
+        """The proxy (not started) that serves this policy to a run's agents and records into the run's
+        store; `serving` sets where and how it listens (host, port, api_key, rollout_idle_timeout_s),
+        by default on a free loopback port."""
+        return ProxyServer(
+            sampler=self.sampler,
+            tokenizer=self.tokenizer,
+            store_path=config.store_location(run_dir),
+            model_name=self.name,
+            default_max_tokens=config.default_max_tokens,
+            litellm_config_path=config.litellm_config,
+            **serving,
+        )
 
 
 def open_policy(config: GRPOConfig) -> Policy:

@@ -142,14 +142,16 @@ def format_reward(value: float | None) -> str:
 
 
 def step_line(record: dict[str, Any]) -> str:
-    """The console line of an online training step's record."""
+    """The console line of a training step's record (every mode's: `step_record.step_record`)."""
     loss, gap = record.get("loss"), record.get("logprob_diff_abs_mean")
     trained = (
         "nothing to train (equal returns in every group)" if loss is None else f"loss {loss:.4f} · |Δlogprob| {gap:.2e}"
     )
     reward = format_reward(record.get("reward_mean"))
+    mode = "offline " if record.get("offline") else ""
+    version = "" if record["policy_version"] is None else f" · v{record['policy_version']}"
     return (
-        f"step {record['step']}: reward {reward} · {trained} · v{record['policy_version']} · "
+        f"{mode}step {record['step']}: reward {reward} · {trained}{version} · "
         f"{record['time_step_s']:.1f}s (sample {record['time_sample_s']:.1f}s, train {record['time_train_s']:.1f}s)"
     )
 

@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from agl_bridge.primitives.client import AdamParams, CustomLossFn, TrainingClient
+from agl_bridge.primitives.datum import Datum
 from agl_bridge.sampler.base import AdapterSampler
 from agl_bridge.sampler.hf import HFSampler
 from agl_bridge.sampler.hf_process import HFProcessSampler
-from agl_bridge.train.client import AdamParams, CustomLossFn, TrainingClient
 from agl_bridge.train.config import GRPOConfig
-from agl_bridge.train.datum import Datum
 
 TRAIN_KEYS = ("loss", "grad_norm", "lr", "ratio_mean", "logprob_diff_abs_mean", "logprob_diff_abs_max", "entropy_mean")
 """The step metrics a record keeps (as None) when there was nothing to train."""

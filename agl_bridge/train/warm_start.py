@@ -13,10 +13,10 @@ from typing import Any
 
 from agl_bridge.chat import ChatCodec
 from agl_bridge.errors import ConfigError
+from agl_bridge.primitives.client import AdamParams, TrainingClient
+from agl_bridge.primitives.datum import Datum
 from agl_bridge.runner import load_tasks
-from agl_bridge.train.client import AdamParams, TrainingClient
 from agl_bridge.train.config import GRPOConfig
-from agl_bridge.train.datum import Datum
 from agl_bridge.train.run_log import RunLog
 from agl_bridge.train.step import StepSettings, train_step
 

@@ -17,7 +17,6 @@ import gc
 import json
 import logging
 import math
-import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -56,7 +55,6 @@ from agl_bridge.viewer.listing import (
 from agl_bridge.viewer.pg_db import PostgresReadOnlyStore
 from agl_bridge.viewer.records import get_call, record_counts
 from agl_bridge.viewer.run_dir import MetricsLog, RunSettings, load_run_settings
-from agl_bridge.viewer.slow_imports import trainer_group_advantages
 from agl_bridge.viewer.steps import EVAL, TRAIN, step_of, train_group_range
 from agl_bridge.viewer.timeline import timeline_page
 from agl_bridge.viewer.tokens import TokenTexts
@@ -91,17 +89,14 @@ class Viewer:
         )
         self.metrics = MetricsLog(run_dir) if run_dir is not None else None
         self.texts = TokenTexts(model or self.settings.model)
-        # The trained views import the trainer's advantages (the train package loads torch): start now, not on a page.
-        threading.Thread(target=trainer_group_advantages, name="agl-view-imports", daemon=True).start()
 
     def settle(self) -> None:
-        """Wait for the slow loads, then hide what is loaded from the garbage collector (`gc.freeze`).
+        """Wait for the tokenizer to load, then hide what is loaded from the garbage collector (`gc.freeze`).
 
         A full collection would otherwise walk every object torch and transformers made (~0.5 s in
         the middle of a page, measured with the 100,000-call benchmark); frozen, it walks only what
         pages make. For a server process: it changes the whole process's collector.
         """
-        trainer_group_advantages()
         self.texts.wait()
         gc.collect()
         gc.freeze()

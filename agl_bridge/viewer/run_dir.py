@@ -132,7 +132,7 @@ CHARTS: tuple[Chart, ...] = (
         ),
     ),
 )
-"""The curves of the runs page; keys as the GRPO loop writes them (agl_bridge/train/grpo.py)."""
+"""The curves of the runs page; keys as every training mode writes them (agl_bridge/train/step_record.py)."""
 
 
 def _number(value: Any) -> float | None:

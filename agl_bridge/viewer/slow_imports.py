@@ -1,29 +1,16 @@
-"""The viewer's two slow loads — the trainer's advantages (the train package loads torch and peft) and a
-tokenizer (transformers) — behind one lock.
+"""The viewer's slow load — a tokenizer (transformers) — behind one lock.
 
-They run in background threads at start and in request threads on first use; transformers' lazy
+It runs in a background thread at start and in request threads on first use; transformers' lazy
 module loading is not thread-safe (two threads importing it at once fail with "cannot import name
-AutoModel"), so they never run at the same time.
+AutoModel"), so the loads never run at the same time.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from agl_bridge.train.advantages import AdvantageBatch
+from typing import Any
 
 _LOCK = threading.Lock()
-
-
-def trainer_group_advantages() -> Callable[..., AdvantageBatch]:
-    """`agl_bridge.train.advantages.group_advantages`, imported on first use."""
-    with _LOCK:
-        from agl_bridge.train.advantages import group_advantages
-
-    return group_advantages
 
 
 def load_tokenizer(model: str) -> Any:

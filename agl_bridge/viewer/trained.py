@@ -21,10 +21,10 @@ from markupsafe import Markup, escape
 from agl_bridge import semconv
 from agl_bridge.convert import ConversionReport, DropReason, Trajectory, TrajectorySegment, convert_rollout_attempts
 from agl_bridge.convert.graph import label_calls
+from agl_bridge.train.advantages import group_advantages
 from agl_bridge.types import Attempt, Rollout, RolloutRecords
 from agl_bridge.viewer.records import Reader, marks, rollout_records
 from agl_bridge.viewer.run_dir import RunSettings
-from agl_bridge.viewer.slow_imports import trainer_group_advantages
 from agl_bridge.viewer.tokens import TokenTexts
 
 CallLabel = tuple[str, int | None, str]
@@ -143,7 +143,7 @@ def _train_group(group_id: str, records: list[RolloutRecords], settings: RunSett
     trajectories = [o for o in group.outcomes.values() if isinstance(o, Trajectory)]
     if trajectories:
         estimator = "mean_std" if settings.std_scaling else settings.advantage
-        batch = trainer_group_advantages()(trajectories, estimator=estimator)
+        batch = group_advantages(trajectories, estimator=estimator)
         group.advantages = {
             (t.rollout_id, t.attempt_id): advantage for t, advantage in batch.items if isinstance(advantage, float)
         }  # a group's advantages are one number per trajectory (per-token ones come only from a teacher)

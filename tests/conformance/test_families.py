@@ -22,9 +22,9 @@ import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
 from agl_bridge.models.loading import load_causal_lm
+from agl_bridge.primitives import AdamParams, Datum, TrainingClient
 from agl_bridge.sampler.base import SamplingParams
 from agl_bridge.sampler.hf import HFSampler
-from agl_bridge.train import AdamParams, Datum, TrainingClient
 
 TOLERANCE = 1e-5
 """Largest |sampler logprob − reference logprob| accepted, fp32."""

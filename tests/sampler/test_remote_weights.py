@@ -33,7 +33,7 @@ def _post(url: str, path: str, body: dict, key: str | None = KEY) -> httpx.Respo
 
 
 def test_sync_loads_each_version_by_name_and_unloads_the_old(sync_target, tiny_model_dir: Path, tmp_path: Path) -> None:
-    from agl_bridge.train.client import TrainingClient
+    from agl_bridge.primitives.client import TrainingClient
 
     adapters = tmp_path / "adapters"
     remote = RemoteSampler([sync_target.url], model="tiny", api_key=KEY, adapter_dir=adapters, max_context=4096)

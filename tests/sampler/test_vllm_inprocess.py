@@ -61,7 +61,7 @@ def test_the_sampler_on_vllms_cpu_build(tiny_model_dir: Path, tmp_path: Path) ->
         from agl_bridge.models.loading import load_tokenizer
         from agl_bridge.sampler.base import SamplingParams
         from agl_bridge.sampler.vllm import VLLMSampler, VLLMSettingError
-        from agl_bridge.train.client import TrainingClient
+        from agl_bridge.primitives.client import TrainingClient
 
         model = {str(tiny_model_dir)!r}
         out = {{}}
@@ -185,7 +185,14 @@ def test_the_hello_demo_trains_on_vllm_and_leaves_no_engine_process(tmp_path: Pa
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if m.get("phase") == "train"]
     assert len(steps) == 3 and all(m["rollouts_failed"] == 0 and m["trajectories"] > 0 for m in steps), steps
-    gaps = [m["logprob_diff_abs_max"] for m in steps]
-    assert max(gaps) <= 1e-4, f"vLLM's logprobs are the trainer's (float32): {gaps}"
-    assert [m["policy_version"] for m in steps] == sorted({m["policy_version"] for m in steps}), "a sync per step"
+    # A step whose groups all had equal rewards trains nothing (its gap is null) and syncs nothing;
+    # vLLM's CPU sampling is not reproducible from the seed, so which steps train varies by run.
+    trained = [m for m in steps if m["datums"]]
+    gaps = [m["logprob_diff_abs_max"] for m in trained]
+    assert trained and max(gaps) <= 1e-4, f"vLLM's logprobs are the trainer's (float32): {gaps}"
+    versions = [m["policy_version"] for m in steps]
+    first = versions[0] - (steps[0]["datums"] > 0)
+    assert versions == [first + sum(m["datums"] > 0 for m in steps[: i + 1]) for i in range(3)], (
+        "a sync per trained step"
+    )
     assert left == [], f"the end of the run left engine processes: {left}\n{run.stdout[-3000:]}"

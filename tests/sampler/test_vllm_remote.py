@@ -171,7 +171,7 @@ def test_a_prompt_longer_than_max_model_len_is_the_context_length_error_agents_k
 
 
 def test_live_lora_sync_from_the_training_client(vllm, tiny_model_dir: Path, tmp_path: Path) -> None:
-    from agl_bridge.train.client import TrainingClient
+    from agl_bridge.primitives.client import TrainingClient
 
     greedy = SamplingParams(max_tokens=16, temperature=0.0, stop=[])
     remote = _remote([vllm.url], adapter_dir=tmp_path / "adapters")
@@ -227,7 +227,7 @@ def test_failover_between_two_servers_and_a_server_without_lora(vllm, tiny_model
 
 
 def _write_adapter(model_dir: Path, folder: Path) -> Path:
-    from agl_bridge.train.client import TrainingClient
+    from agl_bridge.primitives.client import TrainingClient
 
     client = TrainingClient(str(model_dir), lora_rank=8)
     try:

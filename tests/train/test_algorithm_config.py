@@ -106,7 +106,7 @@ def test_defaults_are_unchanged() -> None:
 def test_each_loss_and_correction_is_selectable(raw: dict[str, Any], expected: dict[str, Any]) -> None:
     settings = grpo_settings(config_from_dict(raw))
     assert settings.loss_config == pytest.approx(expected)
-    from agl_bridge.train.losses import get_loss, resolve_config
+    from agl_bridge.primitives.losses import get_loss, resolve_config
 
     resolve_config(get_loss(str(settings.loss_fn)), settings.loss_config)  # the loss accepts what the run passes
 

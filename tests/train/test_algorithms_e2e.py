@@ -115,7 +115,7 @@ def teacher_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A teacher that says "I'm 42, and I say so." to every prompt: the tiny model after 40 SFT steps, merged."""
     from agl_bridge.chat import ChatCodec
     from agl_bridge.models.loading import load_tokenizer, resolve_model_path
-    from agl_bridge.train import AdamParams, TrainingClient
+    from agl_bridge.primitives import AdamParams, TrainingClient
     from agl_bridge.train.warm_start import sft_datum
 
     out = tmp_path_factory.mktemp("teacher") / "teacher42"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import rl_batch
+from datum_helpers import rl_batch
 
 from agl_bridge.errors import ConfigError
-from agl_bridge.train import AdamParams
+from agl_bridge.primitives import AdamParams
 from agl_bridge.train.best_adapter import BestAdapter, KeptAdapter
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.grpo import GRPOTrainer

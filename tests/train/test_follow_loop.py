@@ -8,12 +8,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agl_bridge.primitives import TrainingClient
 from agl_bridge.store import SQLiteStore
-from agl_bridge.train import TrainingClient
 from agl_bridge.train.config import FollowConfig, GRPOConfig
 from agl_bridge.train.follow import FollowLoop
 from agl_bridge.train.loop_state import resume_latest
 from agl_bridge.train.run_log import RunLog
+from agl_bridge.train.step import TRAIN_KEYS
+from agl_bridge.train.step_record import STEP_RECORD_KEYS
 from agl_bridge.types import AttemptStatus, LLMCall, Reward, RolloutTask
 
 
@@ -97,6 +99,7 @@ def test_groups_train_once_evals_are_logged_and_a_resume_gives_back_what_later_s
         (2, 2, 2, 1),
     ]
     assert all(r["time_to_weights_s"] is not None and r["time_to_weights_s"] >= 0 for r in train)
+    assert all(STEP_RECORD_KEYS.union(TRAIN_KEYS) <= r.keys() for r in train), "every mode writes the same step record"
     (evaluation,) = [r for r in records if r["phase"] == "eval"]
     assert (evaluation["step"], evaluation["eval_reward"], evaluation["eval_rollouts"]) == (0, 0.5, 1)
 

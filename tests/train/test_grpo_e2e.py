@@ -19,6 +19,8 @@ import torch
 from safetensors.torch import load_file
 
 from agl_bridge.runner import TaskSchedule
+from agl_bridge.train.step import TRAIN_KEYS
+from agl_bridge.train.step_record import STEP_RECORD_KEYS
 
 pytestmark = pytest.mark.slow
 
@@ -85,6 +87,7 @@ def test_toy_reward_goes_up_within_thirty_steps(tmp_path: Path) -> None:
         trained_steps += record["datums"] > 0
         assert record["policy_version"] == trained_steps
     assert (tmp_path / "run" / "final_adapter").is_dir() and (tmp_path / "run" / "reward_curve.png").is_file()
+    assert all(STEP_RECORD_KEYS.union(TRAIN_KEYS) <= r.keys() for r in records)
 
 
 def test_each_step_trains_at_its_scheduled_learning_rate(tmp_path: Path) -> None:
@@ -248,3 +251,6 @@ def test_offline_training_from_a_store_and_from_an_export(tmp_path: Path) -> Non
         assert [r["step"] for r in records] == [1, 2] and all(r["offline"] for r in records)
         assert all(r["trajectories"] == 6 for r in records), "two groups of three rollouts per step"
         assert (tmp_path / name / "final_adapter" / "adapter_config.json").is_file()
+        assert (tmp_path / name / "reward_curve.png").is_file(), "offline runs are plotted like every mode"
+        assert all(STEP_RECORD_KEYS.union(TRAIN_KEYS) <= r.keys() for r in records), "every mode writes the same record"
+        assert all(r["policy_version"] is None and r["rollouts"] is None for r in records), "nothing sampled"

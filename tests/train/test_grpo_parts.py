@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from agl_bridge.convert import SegmentCall, Trajectory, TrajectorySegment
-from agl_bridge.train.advantages import datums_for, group_advantages
+from agl_bridge.train.advantages import group_advantages
 from agl_bridge.train.config import ConfigError, config_from_dict, load_config
+from agl_bridge.train.datums import datums_for
 
 
 def test_config_files_in_three_formats(tmp_path: Path) -> None:

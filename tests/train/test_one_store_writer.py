@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from test_follow_loop import config, harness_group
 
+from agl_bridge.primitives import TrainingClient
 from agl_bridge.store import SQLiteStore, sqlite_writer
-from agl_bridge.train import TrainingClient
 from agl_bridge.train.follow import FollowLoop
 from agl_bridge.train.run_log import RunLog
 

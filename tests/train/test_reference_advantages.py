@@ -7,7 +7,9 @@ import math
 import pytest
 from algo_helpers import random_trajectories
 
-from agl_bridge.train.advantages import constant_divisor, datums_for, group_advantages
+from agl_bridge.primitives.advantages import constant_divisor
+from agl_bridge.train.advantages import group_advantages
+from agl_bridge.train.datums import datums_for
 
 TOLERANCE = 1e-6
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from train_helpers import rl_batch
+from datum_helpers import rl_batch
 
 from agl_bridge.train.config import GRPOConfig
-from agl_bridge.train.grpo import SampleAhead
+from agl_bridge.train.online import SampleAhead
 from agl_bridge.train.step import TRAIN_KEYS, grpo_settings, train_step
 
 

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from agl_bridge.train.losses import (
+from agl_bridge.primitives.losses import (
     LOSSES,
     compute_loss,
     get_loss,

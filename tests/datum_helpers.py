@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agl_bridge.train import Datum, TrainingClient
+from agl_bridge.primitives import Datum, TrainingClient
 
 
 def random_sequences(count: int, seed: int = 0, low: int = 8, high: int = 24) -> list[list[int]]:

@@ -44,13 +44,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agl_bridge.train.correction import (
+from agl_bridge.primitives.correction import (
     CORRECTION_KEYS,
     check_correction_config,
     correction_configured,
     correction_weights,
 )
-from agl_bridge.train.datum import (
+from agl_bridge.primitives.datum import (
     ADVANTAGES,
     LOGPROBS,
     OLD_LOGPROBS,
@@ -59,7 +59,7 @@ from agl_bridge.train.datum import (
 )
 
 if TYPE_CHECKING:
-    from agl_bridge.train.datum import Datum
+    from agl_bridge.primitives.datum import Datum
 
 
 @dataclass

@@ -36,48 +36,40 @@ from peft import (
     set_peft_model_state_dict,
 )
 from peft.tuners.lora import LoraLayer
-from safetensors.torch import load_file, save_file
 
 from agl_bridge.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
-from agl_bridge.sampler.base import AdapterSampler, TokenSampler
-from agl_bridge.sampler.hf import HFSampler
-from agl_bridge.sampler.hf_process import HFProcessSampler
-from agl_bridge.sampler.weights import MERGEABLE_LAYERS
-from agl_bridge.train.checkpoint import (
-    ADAPTER_FILE,
-    OPTIMIZER_FILE,
-    RNG_FILE,
-    STATE_FILE,
-    STATE_FORMAT,
-    CheckpointMismatchError,
+from agl_bridge.primitives.batching import MicroBatch, micro_batches
+from agl_bridge.primitives.checkpoint import (
     ModelIdentity,
-    atomic_directory,
-    capture_rng_state,
     config_fingerprint,
-    read_state_meta,
+    read_state_directory,
     restore_rng_state,
+    save_adapter_directory,
+    save_state_directory,
     weights_hash,
-    write_json,
 )
-from agl_bridge.train.datum import (
+from agl_bridge.primitives.datum import (
     LOGPROBS,
-    OLD_LOGPROBS,
     TARGET_TOKENS,
     WEIGHTS,
     Datum,
     DatumTensors,
     to_tensors,
 )
-from agl_bridge.train.losses import LossSpec, compute_loss, get_loss, resolve_config
-from agl_bridge.train.metrics import StepMetrics, token_entropy
-from agl_bridge.train.sampling_client import SamplingClient
+from agl_bridge.primitives.lora import check_mergeable, lora_targets, untie_output_embeddings
+from agl_bridge.primitives.losses import LossSpec, compute_loss, get_loss, resolve_config
+from agl_bridge.primitives.metrics import StepMetrics, token_entropy
+from agl_bridge.primitives.sampling_client import SamplingClient
+from agl_bridge.sampler.base import AdapterSampler, TokenSampler
+from agl_bridge.sampler.hf import HFSampler
+from agl_bridge.sampler.hf_process import HFProcessSampler
+from agl_bridge.sampler.weights import PEFT_PREFIX, embeddings_tied
 
 T = TypeVar("T")
 
 CustomLossFn = Callable[[list[Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 """fn(data, logprobs_list) -> (scalar loss, metrics); logprobs_list[i] is datum i's per-target logprobs (with grad)."""
 
-_PEFT_PREFIX = "base_model.model."
 
 DEFAULT_MAX_BATCH_TOKENS = 16384
 """Most padded tokens in one forward pass unless a client is told otherwise (what bounds activation memory)."""
@@ -161,19 +153,6 @@ class TrainFuture(Generic[T]):
         return self.result_async().__await__()
 
 
-@dataclass
-class _Batch:
-    """A right-padded micro-batch."""
-
-    indices: list[int]
-    lengths: list[int]
-    input_ids: torch.Tensor
-    targets: torch.Tensor
-    weights: torch.Tensor
-    fields: dict[str, torch.Tensor]
-    has_logprobs: torch.Tensor
-
-
 class TrainingClient:
     """LoRA training on a local model with Tinker's primitives (see the module docs).
 
@@ -248,12 +227,12 @@ class TrainingClient:
         self._model.eval()
         self._params = [p for p in self._model.parameters() if p.requires_grad]
         lora_layers = {
-            name.removeprefix(_PEFT_PREFIX): module
+            name.removeprefix(PEFT_PREFIX): module
             for name, module in self._model.named_modules()
             if isinstance(module, LoraLayer)
         }
         if not isinstance(sampler, AdapterSampler):  # the in-process sampler merges; remote servers load adapters
-            _check_mergeable(lora_layers)
+            check_mergeable(lora_layers)
         adapted = sorted(lora_layers)
         self._identity = ModelIdentity(
             base_model=self._base_path,
@@ -487,7 +466,7 @@ class TrainingClient:
         metrics = StepMetrics()
         metrics.num_datums = len(tensors)
         outputs: list[dict[str, torch.Tensor]] = [{} for _ in tensors]
-        for batch in self._micro_batches(tensors):
+        for batch in micro_batches(tensors, self._max_batch_tokens, self._device):
             with torch.set_grad_enabled(backward):
                 lp, entropy = self._token_logprobs(batch)
                 ref = None
@@ -508,7 +487,7 @@ class TrainingClient:
         tensors = self._validate(data, required=(TARGET_TOKENS,), allow_unknown=True)
         logprobs: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
         with torch.no_grad(), self._model.disable_adapter():
-            for batch in self._micro_batches(tensors):
+            for batch in micro_batches(tensors, self._max_batch_tokens, self._device):
                 lp, _ = self._token_logprobs(batch, entropy=False)
                 for row, (index, length) in enumerate(zip(batch.indices, batch.lengths, strict=True)):
                     logprobs[index] = lp[row, :length].float().cpu()
@@ -522,7 +501,7 @@ class TrainingClient:
         outputs: list[dict[str, torch.Tensor]] = [{} for _ in tensors]
         logprobs: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
         with torch.enable_grad():
-            for batch in self._micro_batches(tensors):
+            for batch in micro_batches(tensors, self._max_batch_tokens, self._device):
                 lp, entropy = self._token_logprobs(batch)
                 for row, (index, length) in enumerate(zip(batch.indices, batch.lengths, strict=True)):
                     logprobs[index] = lp[row, :length]
@@ -558,48 +537,7 @@ class TrainingClient:
             for i, d in enumerate(data)
         ]
 
-    def _micro_batches(self, tensors: list[DatumTensors]) -> list[_Batch]:
-        groups: list[list[int]] = []
-        current: list[int] = []
-        longest = 0
-        for index, datum in enumerate(tensors):
-            length = datum.input_ids.numel()
-            if current and max(longest, length) * (len(current) + 1) > self._max_batch_tokens:
-                groups.append(current)
-                current, longest = [], 0
-            current.append(index)
-            longest = max(longest, length)
-        groups.append(current)
-        return [self._collate(tensors, group) for group in groups]
-
-    def _collate(self, tensors: list[DatumTensors], indices: list[int]) -> _Batch:
-        rows = [tensors[i] for i in indices]
-        lengths = [row.input_ids.numel() for row in rows]
-
-        def pad(values: list[torch.Tensor], fill: float = 0) -> torch.Tensor:
-            return torch.nn.utils.rnn.pad_sequence(values, batch_first=True, padding_value=fill)
-
-        names = {name for row in rows for name in row.fields}
-        fields: dict[str, torch.Tensor] = {}
-        for name in names:
-            # A datum without old_logprobs means "old policy = sampler", so it takes its own logprobs.
-            fallback = (
-                (lambda row: row.fields.get(LOGPROBS, torch.zeros_like(row.weights)))
-                if name == OLD_LOGPROBS
-                else (lambda row: torch.zeros_like(row.weights))
-            )
-            fields[name] = pad([row.fields.get(name, fallback(row)) for row in rows])
-        return _Batch(
-            indices=indices,
-            lengths=lengths,
-            input_ids=pad([row.input_ids for row in rows]),
-            targets=pad([row.target_tokens for row in rows]),
-            weights=pad([row.weights for row in rows]),
-            fields=fields,
-            has_logprobs=torch.tensor([LOGPROBS in row.fields for row in rows], device=self._device),
-        )
-
-    def _token_logprobs(self, batch: _Batch, *, entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _token_logprobs(self, batch: MicroBatch, *, entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-target logprobs [b, L] (float32) and, if asked, per-position entropy (no grad)."""
         # No attention mask: rows are right-padded and attention is causal, so a real token never
         # sees padding (padded positions are scored but weigh 0). This is also exactly the call the
@@ -615,7 +553,7 @@ class TrainingClient:
 
     def _record(
         self,
-        batch: _Batch,
+        batch: MicroBatch,
         lp: torch.Tensor,
         entropy: torch.Tensor | None,
         metrics: StepMetrics,
@@ -665,48 +603,29 @@ class TrainingClient:
         return {k: v.detach().to("cpu").contiguous().clone() for k, v in get_peft_model_state_dict(self._model).items()}
 
     def _save_state_impl(self, path: Path) -> str:
-        with atomic_directory(path) as staging:
-            save_file(self._adapter_state(), str(staging / ADAPTER_FILE), metadata={"format": "pt"})
-            self._model.peft_config["default"].save_pretrained(str(staging))
-            torch.save(self._optimizer.state_dict(), staging / OPTIMIZER_FILE)
-            torch.save(capture_rng_state(), staging / RNG_FILE)
-            write_json(
-                staging / STATE_FILE,
-                {
-                    "format": STATE_FORMAT,
-                    "step": self._step,
-                    "identity": self._identity.to_json(),
-                    "saved_at": time.time(),
-                },
-            )
-        return str(path)
+        return save_state_directory(
+            path,
+            adapter=self._adapter_state(),
+            peft_config=self._model.peft_config["default"],
+            optimizer_state=self._optimizer.state_dict(),
+            step=self._step,
+            identity=self._identity,
+        )
 
     def _load_state_impl(self, path: Path, optimizer: bool) -> int:
-        meta = read_state_meta(path)
-        self._identity.check_compatible(ModelIdentity.from_json(meta["identity"]))
-        adapter = load_file(str(path / ADAPTER_FILE), device=str(self._device))
         expected = set(get_peft_model_state_dict(self._model))
-        if set(adapter) != expected:
-            missing, unexpected = sorted(expected - set(adapter)), sorted(set(adapter) - expected)
-            raise CheckpointMismatchError("adapter_keys", f"missing {missing[:3]}", f"unexpected {unexpected[:3]}")
-        opt_state = (
-            torch.load(path / OPTIMIZER_FILE, map_location=self._device, weights_only=True) if optimizer else None
-        )
-        rng_state = torch.load(path / RNG_FILE, weights_only=True) if optimizer else None
+        state = read_state_directory(path, self._identity, expected, self._device, optimizer=optimizer)
         # Everything is read and checked; only now touch the live state.
         self._optimizer.zero_grad(set_to_none=True)
-        set_peft_model_state_dict(self._model, adapter)
-        if opt_state is not None:
-            self._optimizer.load_state_dict(opt_state)
-            self._step = int(meta["step"])
-            restore_rng_state(rng_state)  # type: ignore[arg-type]
+        set_peft_model_state_dict(self._model, state.adapter)
+        if state.optimizer_state is not None and state.rng_state is not None:
+            self._optimizer.load_state_dict(state.optimizer_state)
+            self._step = state.step
+            restore_rng_state(state.rng_state)
         return self._step
 
     def _save_weights_impl(self, path: Path) -> str:
-        with atomic_directory(path, markers=("adapter_config.json",)) as staging:
-            save_file(self._adapter_state(), str(staging / ADAPTER_FILE), metadata={"format": "pt"})
-            self._model.peft_config["default"].save_pretrained(str(staging))
-        return str(path)
+        return save_adapter_directory(path, self._adapter_state(), self._model.peft_config["default"])
 
     # ------------------------------------------------------------------ weight sync
 
@@ -728,13 +647,13 @@ class TrainingClient:
 
     def _sync_state_dict(self) -> dict[str, torch.Tensor]:
         """The adapter in the layout `HFSampler.load_lora` takes (live views: the call blocks until merged)."""
-        output_key = f"{_PEFT_PREFIX}{self._output_name}.weight"
+        output_key = f"{PEFT_PREFIX}{self._output_name}.weight"
         state: dict[str, torch.Tensor] = {}
         for key, value in get_peft_model_state_dict(self._model).items():
             if ".lora_A." in key or ".lora_B." in key:
                 state[key] = value.detach()
             elif self._train_unembedding and key == output_key:
-                state[f"{_PEFT_PREFIX}{self._output_name}.modules_to_save.default.weight"] = value.detach()
+                state[f"{PEFT_PREFIX}{self._output_name}.modules_to_save.default.weight"] = value.detach()
             else:
                 raise RuntimeError(f"unexpected adapter tensor {key!r}; the sampler cannot merge it")
         return state
@@ -743,7 +662,7 @@ class TrainingClient:
         if self._sampler is None:
             model = load_causal_lm(self._base_path, device=str(self._device), dtype=self._dtype)
             if self._train_unembedding:
-                _untie_output_embeddings(model)
+                untie_output_embeddings(model)
             try:
                 tokenizer = self.get_tokenizer()
             except (OSError, ValueError):
@@ -759,7 +678,7 @@ class TrainingClient:
             model = getattr(sampler, "model", None)
             if model is None or isinstance(sampler, AdapterSampler):  # a remote / vLLM model is not ours to inspect
                 return
-            config, tied = model.config, _embeddings_tied(model)
+            config, tied = model.config, embeddings_tied(model)
         if config_fingerprint(config) != fingerprint:
             raise ValueError(
                 "the sampler's model has a different config from the base model "
@@ -771,41 +690,3 @@ class TrainingClient:
                 "(the trained lm_head gets its own copy); pass sampler=None to have a matching sampler "
                 "created, or untie the sampler model's lm_head before creating the HFSampler"
             )
-
-
-def lora_targets(model: torch.nn.Module, target_modules: str | Sequence[str], output_name: str) -> str | list[str]:
-    """peft's `target_modules` for ours: "all-linear" becomes the layers the sampler can merge into.
-
-    Those are `MERGEABLE_LAYERS` (nn.Linear, GPT-2's Conv1D) other than the output layer, by full
-    name — in a dense model exactly what peft's "all-linear" adapts (and how peft records it), without
-    the expert stacks and routers it also adapts in a mixture of experts.
-    """
-    if target_modules != "all-linear":
-        return target_modules if isinstance(target_modules, str) else list(target_modules)
-    return [name for name, module in model.named_modules() if type(module) in MERGEABLE_LAYERS and name != output_name]
-
-
-def _check_mergeable(lora_layers: dict[str, Any]) -> None:
-    """ValueError naming the first adapted layer the in-process sampler could not merge a LoRA into."""
-    for name, layer in lora_layers.items():
-        base = layer.get_base_layer()
-        if type(base) not in MERGEABLE_LAYERS:
-            raise ValueError(
-                f"LoRA target {name!r} is of type {type(base).__name__}, which the sampler cannot merge an adapter "
-                "into (only linear layers); leave it out of target_modules / lora_target_modules — the default "
-                '"all-linear" adapts only mergeable layers'
-            )
-
-
-def _embeddings_tied(model: Any) -> bool:  # a transformers model (duck-typed, as in proxy.adapters)
-    output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
-    return output is not None and inputs is not None and output.weight.data_ptr() == inputs.weight.data_ptr()
-
-
-def _untie_output_embeddings(model: Any) -> None:
-    """Give the output layer its own weight, so loading a trained lm_head leaves the embeddings alone."""
-    if _embeddings_tied(model):
-        output = model.get_output_embeddings()
-        output.weight = torch.nn.Parameter(output.weight.detach().clone(), requires_grad=False)
-        if hasattr(model.config, "tie_word_embeddings"):
-            model.config.tie_word_embeddings = False

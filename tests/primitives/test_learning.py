@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train_helpers import random_sequences
+from datum_helpers import random_sequences
 
-from agl_bridge.train import AdamParams, Datum
+from agl_bridge.primitives import AdamParams, Datum
 
 PROMPT = 4
 

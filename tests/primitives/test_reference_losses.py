@@ -1,6 +1,6 @@
 """Every loss and rollout correction against an independent reference, on random padded, masked batches.
 
-The references below are written differently from `agl_bridge.train.losses` / `correction`: one
+The references below are written differently from `agl_bridge.primitives.losses` / `correction`: one
 Python loop per sequence and per token over plain floats and scalar tensors, with the policy's
 behaviour written out case by case (proximal policy, correction weight, clip) and, where it is
 short, the gradient as a formula instead of autograd. Inputs are float64 with right padding,
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from agl_bridge.train.losses import compute_loss, dpo_loss, get_loss, resolve_config
-from agl_bridge.train.metrics import logprob_gap_stats
+from agl_bridge.primitives.losses import compute_loss, dpo_loss, get_loss, resolve_config
+from agl_bridge.primitives.metrics import logprob_gap_stats
 
 TOLERANCE = 1e-6
 ROWS, LENGTH = 5, 11
@@ -347,7 +347,7 @@ def test_logprob_gap_statistics_by_loops() -> None:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_dpo_loss_by_loops(seed: int) -> None:
     """Pairs spread over several datums per side, out of order; value, gradients and metrics by hand."""
-    from agl_bridge.train import Datum
+    from agl_bridge.primitives import Datum
 
     g = torch.Generator().manual_seed(seed)
     beta = 0.3

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from datum_helpers import rl_batch
 from peft import LoraConfig, get_peft_model
 from peft.tuners.lora import LoraLayer
 from test_client import _assert_grads_close, _grads, _perturbed, _warm_up
-from train_helpers import rl_batch
 
 from agl_bridge.models.loading import load_causal_lm
 from agl_bridge.models.tiny import build_tiny_model
-from agl_bridge.train import AdamParams, Datum
+from agl_bridge.primitives import AdamParams, Datum
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import logging
 import os
 import random
 import shutil
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 logger = logging.getLogger(__name__)
 
@@ -242,6 +244,77 @@ def read_state_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
         if not (directory / name).is_file():
             raise FileNotFoundError(f"{directory} has {STATE_FILE} but no {name}; the state is incomplete")
     return meta
+
+
+@dataclass
+class LoadedState:
+    """A state directory read and checked, not yet applied: the adapter, and with the optimizer asked
+    for, its state, the RNG states and the step."""
+
+    adapter: dict[str, torch.Tensor]
+    optimizer_state: dict[str, Any] | None
+    rng_state: dict[str, Any] | None
+    step: int
+
+
+def save_adapter_directory(path: str | os.PathLike[str], adapter: Mapping[str, torch.Tensor], peft_config: Any) -> str:
+    """Write a LoRA adapter as a peft directory (weights + adapter_config.json), atomically."""
+    with atomic_directory(path, markers=("adapter_config.json",)) as staging:
+        _write_adapter(staging, adapter, peft_config)
+    return str(path)
+
+
+def save_state_directory(
+    path: str | os.PathLike[str],
+    *,
+    adapter: Mapping[str, torch.Tensor],
+    peft_config: Any,
+    optimizer_state: Mapping[str, Any],
+    step: int,
+    identity: ModelIdentity,
+) -> str:
+    """Write a training state directory (see the module docs) atomically; trainer_state.json last."""
+    with atomic_directory(path) as staging:
+        _write_adapter(staging, adapter, peft_config)
+        torch.save(dict(optimizer_state), staging / OPTIMIZER_FILE)
+        torch.save(capture_rng_state(), staging / RNG_FILE)
+        write_json(
+            staging / STATE_FILE,
+            {"format": STATE_FORMAT, "step": step, "identity": identity.to_json(), "saved_at": time.time()},
+        )
+    return str(path)
+
+
+def read_state_directory(
+    path: str | os.PathLike[str],
+    identity: ModelIdentity,
+    adapter_keys: set[str],
+    device: torch.device,
+    *,
+    optimizer: bool = True,
+) -> LoadedState:
+    """Read a state directory for a client of `identity` whose adapter has `adapter_keys`; a state of
+    another model or LoRA is refused (`CheckpointMismatchError`) before anything is returned."""
+    directory = Path(path)
+    meta = read_state_meta(directory)
+    identity.check_compatible(ModelIdentity.from_json(meta["identity"]))
+    adapter = load_file(str(directory / ADAPTER_FILE), device=str(device))
+    if set(adapter) != adapter_keys:
+        missing, unexpected = sorted(adapter_keys - set(adapter)), sorted(set(adapter) - adapter_keys)
+        raise CheckpointMismatchError("adapter_keys", f"missing {missing[:3]}", f"unexpected {unexpected[:3]}")
+    if not optimizer:
+        return LoadedState(adapter, None, None, int(meta["step"]))
+    return LoadedState(
+        adapter,
+        torch.load(directory / OPTIMIZER_FILE, map_location=device, weights_only=True),
+        torch.load(directory / RNG_FILE, weights_only=True),
+        int(meta["step"]),
+    )
+
+
+def _write_adapter(directory: Path, adapter: Mapping[str, torch.Tensor], peft_config: Any) -> None:
+    save_file(dict(adapter), str(directory / ADAPTER_FILE), metadata={"format": "pt"})
+    peft_config.save_pretrained(str(directory))
 
 
 def _fsync(path: Path) -> None:

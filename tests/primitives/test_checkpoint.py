@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from datum_helpers import rl_batch
 from safetensors.torch import load_file, save_file
-from train_helpers import rl_batch
 
-from agl_bridge.train import AdamParams, CheckpointMismatchError
+from agl_bridge.primitives import AdamParams, CheckpointMismatchError
 
 ADAM = AdamParams(learning_rate=1e-2)
 

@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-from train_helpers import random_sequences, rl_batch
+from datum_helpers import random_sequences, rl_batch
 
-from agl_bridge.train import AdamParams, Datum, TrainFuture
+from agl_bridge.primitives import AdamParams, Datum, TrainFuture
 
 
 def _grads(client) -> list[torch.Tensor]:

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from agl_bridge.train import Datum, DatumError
-from agl_bridge.train.datum import to_tensors
+from agl_bridge.primitives import Datum, DatumError
+from agl_bridge.primitives.datum import to_tensors
 
 RL_FIELDS = ("target_tokens", "logprobs", "advantages")
 

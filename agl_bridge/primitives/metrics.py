@@ -1,4 +1,4 @@
-"""Training-step metrics: the trainer/sampler logprob gap, per-token loss statistics, a batch's rewards.
+"""Training-step metrics: the trainer/sampler logprob gap and per-token loss statistics.
 
 The gap statistics are the health check of the whole pipeline: sampler and trainer compute the same
 quantity (raw logprobs), so on the first on-policy step ``ratio_mean`` ≈ 1 and
@@ -9,13 +9,8 @@ match what the trainer scores (wrong template, truncation, stale weights, a dtyp
 from __future__ import annotations
 
 import math
-import statistics
-from typing import TYPE_CHECKING, Any
 
 import torch
-
-if TYPE_CHECKING:
-    from agl_bridge.convert import Trajectory
 
 
 def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -112,32 +107,3 @@ class StepMetrics:
         out["entropy_mean"] = self._entropy_sum / denominator if self.tokens else math.nan
         out.update(extra or {})
         return out
-
-
-def reward_stats(trajectories: list[Trajectory]) -> dict[str, Any]:
-    """Mean and std of the trajectories' returns, and the mean of each named reward (0 where one is absent)."""
-    if not trajectories:
-        return {"reward_mean": None, "reward_std": None}
-    returns = [t.reward for t in trajectories]
-    stats: dict[str, Any] = {"reward_mean": statistics.fmean(returns), "reward_std": statistics.pstdev(returns)}
-    names = sorted({name for t in trajectories for name in t.rewards})
-    for name in names:
-        stats[f"reward_{name}_mean"] = statistics.fmean(t.rewards.get(name, 0.0) for t in trajectories)
-    return stats
-
-
-def step_times(
-    marks: tuple[float, float, float, float, float], last_finished_at: float | None, weights_at: float
-) -> dict[str, Any]:
-    """A training step's timings from its five `perf_counter` marks (start, sampled, converted, trained,
-    synced), and `time_to_weights_s`: from the commit of the step's last finished rollout
-    (`last_finished_at`, epoch seconds; None: no rollout) to its new weights serving (`weights_at`)."""
-    t0, t1, t2, t3, t4 = marks
-    return {
-        "time_sample_s": round(t1 - t0, 4),
-        "time_convert_s": round(t2 - t1, 4),
-        "time_train_s": round(t3 - t2, 4),
-        "time_sync_s": round(t4 - t3, 4),
-        "time_step_s": round(t4 - t0, 4),
-        "time_to_weights_s": None if last_finished_at is None else round(weights_at - last_finished_at, 4),
-    }

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from agl_bridge.train.metrics import logprob_gap_stats, pearson, token_entropy
+from agl_bridge.primitives.metrics import logprob_gap_stats, pearson, token_entropy
 
 
 def test_gap_stats_by_hand() -> None:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import random_sequences, rl_batch
+from datum_helpers import random_sequences, rl_batch
 
 from agl_bridge.models.loading import load_causal_lm
+from agl_bridge.primitives import AdamParams, Datum, SamplingClient
 from agl_bridge.sampler.base import SamplingParams
 from agl_bridge.sampler.hf import HFSampler
 from agl_bridge.sampler.hf_process import HFProcessSampler
-from agl_bridge.train import AdamParams, Datum, SamplingClient
 
 
 def _sampled_batch(
