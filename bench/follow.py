@@ -147,6 +147,11 @@ def time_lifecycle(requests: int, warmup: int) -> dict[str, Any]:
 def _config(mode: str, run_dir: str, args: argparse.Namespace) -> Any:
     from agl_bridge.train.config import FollowConfig, GRPOConfig, WarmStartConfig
 
+    per_mode: dict[str, Any] = (
+        {"eval_every": 10_000}
+        if mode == "online"
+        else {"max_staleness": 1, "follow": FollowConfig(port=0, wait_report_s=60.0)}
+    )
     return GRPOConfig(
         mode=mode,
         model="tiny",
@@ -156,14 +161,12 @@ def _config(mode: str, run_dir: str, args: argparse.Namespace) -> Any:
         group_size=args.group_size,
         learning_rate=3e-3,
         aggregation="token_mean",
-        max_staleness=0 if mode == "online" else 1,
         default_max_tokens=16,
         concurrency=32,
         checkpoint_every=10_000,
-        eval_every=10_000,
         tensorboard=False,
         warm_start=WarmStartConfig(steps=args.warm_start_steps, batch_size=16, learning_rate=2e-3),
-        follow=FollowConfig(port=0, wait_report_s=60.0),
+        **per_mode,
     )
 
 

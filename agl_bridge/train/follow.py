@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from agl_bridge.convert import ConversionReport, Trajectory, convert_store
-from agl_bridge.convert.policy import weighted_return
 from agl_bridge.convert.records import merged_reports
 from agl_bridge.primitives.client import TrainingClient
 from agl_bridge.proxy.server import ProxyServer
@@ -49,6 +48,7 @@ from agl_bridge.store.location import describe_location, store_at
 from agl_bridge.train.advantages import AdvantageBatch, group_advantages
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.datums import batch_datums
+from agl_bridge.train.evaluation import eval_record, rollout_return
 from agl_bridge.train.follow_groups import ReadyGroup, WaitingCounts, ready_groups
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
 from agl_bridge.train.policy import open_policy
@@ -313,29 +313,19 @@ class FollowLoop:
         returns: list[float] = []
         versions: list[int] = []
         for rollout in pending:
-            totals: dict[str, float] = {}
-            async for reward in store.iter_rewards(rollout.rollout_id):
-                totals[reward.name] = totals.get(reward.name, 0.0) + reward.value
-            if totals and rollout.status is RolloutStatus.SUCCEEDED:
-                returns.append(weighted_return(totals, self.options))
+            value = await rollout_return(store, rollout.rollout_id, self.options)
+            if value is not None and rollout.status is RolloutStatus.SUCCEEDED:
+                returns.append(value)
             async for call in store.iter_llm_calls(rollout.rollout_id):
                 if call.policy_version is not None:
                     versions.append(call.policy_version)
         await store.mark_consumed([r.rollout_id for r in pending], step)
-        value = statistics.fmean(returns) if returns else None
-        self.log.write(
-            {
-                "phase": "eval",
-                "stage": "rl",
-                "step": step,
-                "eval_reward": value,
-                "eval_rollouts": len(pending),
-                "eval_without_reward": len(pending) - len(returns),
-                "eval_policy_version_min": min(versions) if versions else None,
-                "eval_policy_version_max": max(versions) if versions else None,
-                "time_eval_s": round(time.perf_counter() - t0, 3),
-            }
-        )
+        record = eval_record(returns, len(pending), step=step, seconds=time.perf_counter() - t0) | {
+            "eval_policy_version_min": min(versions) if versions else None,
+            "eval_policy_version_max": max(versions) if versions else None,
+        }
+        self.log.write(record)
+        value = record["eval_reward"]
         self.log.say(
             f"[bold]eval[/bold] after step {step}: held-out reward {format_reward(value)} over {len(returns)} "
             f"rollouts the harness marked eval"

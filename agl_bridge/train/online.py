@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from agl_bridge.convert import ConversionReport, Trajectory, convert_store
-from agl_bridge.convert.policy import ConvertOptions, weighted_return
+from agl_bridge.convert.policy import ConvertOptions
 from agl_bridge.primitives.client import TrainingClient
 from agl_bridge.proxy.server import ProxyServer
 from agl_bridge.runner import (
@@ -56,6 +55,7 @@ from agl_bridge.train.best_adapter import BestAdapter
 from agl_bridge.train.config import GRPOConfig
 from agl_bridge.train.datums import batch_datums
 from agl_bridge.train.distill import Teacher, distill_items
+from agl_bridge.train.evaluation import VALIDATION, eval_record, rollout_return
 from agl_bridge.train.judge import GroupJudge, judge_groups
 from agl_bridge.train.loop_state import resume_latest, save_checkpoint
 from agl_bridge.train.policy import open_policy
@@ -361,10 +361,6 @@ async def _validate(
         log.say(f"kept the adapter of {f'step {step}' if step else 'the start of RL'}: best validation reward so far")
 
 
-VALIDATION = "validation"
-"""The split of the validation tasks: its records have phase "validation" and `validation_reward`."""
-
-
 async def evaluate_held_out(
     evaluator: Runner,
     tasks: Sequence[Any],
@@ -387,25 +383,10 @@ async def evaluate_held_out(
         return None
     t0 = time.perf_counter()
     outcomes = await evaluator.run(tasks, group_prefix=f"eval{step}-{int(time.time() * 1000) % 10**8}")
-    returns = []
-    for outcome in outcomes:
-        totals: dict[str, float] = {}
-        async for reward in store.iter_rewards(outcome.rollout_id):
-            totals[reward.name] = totals.get(reward.name, 0.0) + reward.value
-        if totals:
-            returns.append(weighted_return(totals, options))
-    value = statistics.fmean(returns) if returns else None
-    phase = "validation" if split == VALIDATION else "eval"
-    log.write(
-        {
-            "phase": phase,
-            "stage": stage,
-            "step": step,
-            f"{phase}_reward": value,
-            "eval_rollouts": len(outcomes),
-            "eval_without_reward": len(outcomes) - len(returns),
-            "time_eval_s": round(time.perf_counter() - t0, 3),
-        }
-    )
+    scored = [await rollout_return(store, outcome.rollout_id, options) for outcome in outcomes]
+    returns = [value for value in scored if value is not None]
+    record = eval_record(returns, len(outcomes), step=step, seconds=time.perf_counter() - t0, stage=stage, split=split)
+    log.write(record)
+    value = record[f"{record['phase']}_reward"]
     log.say(f"[bold]eval[/bold] {label}: {split} reward {format_reward(value)} over {len(returns)} rollouts")
     return value

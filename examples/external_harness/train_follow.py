@@ -39,7 +39,10 @@ def build_config(args: argparse.Namespace) -> GRPOConfig:
         # above a wrong number's -1) got up to twice the push and one run in four fell into empty replies.
         # Five runs of 60 steps on a loaded machine rose by 0.63-0.82 with the clip, 0.30-0.36 without.
         loss_fn="ppo",
-        keep_best=False,  # the follow trainer has no validation tasks of its own: the harness marks its evals
+        # The demo's held-out evaluation is the online run's; the follow trainer logs the evals the harness marks.
+        eval_every=GRPOConfig.eval_every,
+        eval_group_size=GRPOConfig.eval_group_size,
+        final_eval_group_size=GRPOConfig.final_eval_group_size,
         max_staleness=args.max_staleness,
         checkpoint_every=args.checkpoint_every,
         tensorboard=False,

@@ -62,5 +62,9 @@ def test_a_resumed_run_keeps_its_best_and_a_fresh_run_forgets_an_old_one(make_cl
 def test_keep_best_needs_validation_tasks_and_an_online_run(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="keep_best needs validation tasks"):
         GRPOTrainer(GRPOConfig(keep_best=True, run_dir=str(tmp_path)), agent=lambda task, endpoint: 0.0, tasks=[1, 2])
-    with pytest.raises(ConfigError, match="keep_best chooses among the adapters of an online run.*'follow'"):
+    with pytest.raises(
+        ConfigError, match='keep_best is a setting of an online run; this run is a follow run.*mode = "follow"'
+    ):
         GRPOConfig(keep_best=True, mode="follow").validate()
+    with pytest.raises(ConfigError, match="keep_best is a setting of an online run; this run is an offline run"):
+        GRPOConfig(keep_best=True, offline_data="runs/x/store.sqlite").validate()

@@ -133,7 +133,7 @@ PG = "postgresql://agl@127.0.0.1:5432/runs"
         ),
         (
             {**REMOTE, "mode": "follow", "proxy_urls": ["http://a:1"], "proxy_api_key": "k"},
-            "the harness picks the proxies",
+            "proxy_urls is a setting of an online run.*harness picks the proxies",
         ),
     ],
 )
