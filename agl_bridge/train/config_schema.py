@@ -469,7 +469,7 @@ class OnlineSection:
 
     RUNS: ClassVar[tuple[RunKind, ...]] = ("online",)
     ELSEWHERE: ClassVar[dict[str, str]] = {
-        "proxy_urls": "a follow run's harness picks the proxies itself: point it at them",
+        "proxy_urls": "a follow run's harness picks the proxies itself (point it at them)",
         "keep_best": "it chooses among the adapters of an online run by their validation reward",
     }
     """What to say when one of these keys is set in another kind of run."""
@@ -654,12 +654,13 @@ SECTIONS: tuple[tuple[type, Callable[[Any, Any], None]], ...] = (
 )
 """A run config's sections, each with the check of its keys, in the order they are checked."""
 
-_RUN_NAMES: dict[str, str] = {
-    "online": 'an online run (mode = "online": an agent run through the proxy)',
-    "offline": "an offline run (offline_data is set: recorded trajectories)",
-    "follow": 'a follow run (mode = "follow": an outside harness sends the rollouts)',
-    "dpo": 'a DPO run (mode = "dpo": preference pairs)',
+RUN_KINDS: dict[str, tuple[str, str]] = {
+    "online": ("an online run", 'mode = "online": an agent run through the proxy'),
+    "offline": ("an offline run", "offline_data is set: recorded trajectories"),
+    "follow": ("a follow run", 'mode = "follow": an outside harness sends the rollouts'),
+    "dpo": ("a DPO run", 'mode = "dpo": preference pairs'),
 }
+"""Each kind of run as an error message names it, and what makes a config that kind."""
 
 
 @dataclass
@@ -702,11 +703,13 @@ class GRPOConfig(
         for item in dataclasses.fields(section):
             default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
             if getattr(self, item.name) != default:
-                runs = " or ".join(_RUN_NAMES[run].split(" (")[0] for run in section.RUNS)  # type: ignore[attr-defined]
+                *others, last = [RUN_KINDS[run][0] for run in section.RUNS]  # type: ignore[attr-defined]
+                runs = f"{', '.join(others)} or {last}" if others else last
+                this, because = RUN_KINDS[kind]
                 why = getattr(section, "ELSEWHERE", {}).get(item.name)
                 raise ConfigError(
-                    f"{item.name} is a setting of {runs}; this run is {_RUN_NAMES[kind]}"
-                    + (f" ({why})" if why else "")
+                    f"{item.name} is a setting of {runs}; this run is {this} ({because})"
+                    + (f"; {why}" if why else "")
                     + f": remove {item.name}"
                 )
 
