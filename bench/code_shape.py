@@ -42,7 +42,7 @@ def config_sections() -> dict[str, Any]:
     return {
         "fields": len(dataclasses.fields(GRPOConfig)),
         "sections": {
-            section.__name__: {"fields": len(dataclasses.fields(section)), "runs": list(section.RUNS)}  # type: ignore[attr-defined]
+            section.__name__: {"fields": len(dataclasses.fields(section)), "runs": list(section.RUNS)}
             for section, _ in SECTIONS
         },
     }

@@ -169,7 +169,16 @@ TABLES: dict[str, type] = {
 
 
 @dataclass
-class RunSection:
+class Section:
+    """A section of a run config: its keys (the dataclass fields of a subclass), the kinds of run they
+    belong to, and what to say of a key set in another kind of run."""
+
+    RUNS: ClassVar[tuple[RunKind, ...]] = EVERY_RUN
+    ELSEWHERE: ClassVar[dict[str, str]] = {}
+
+
+@dataclass
+class RunSection(Section):
     """What every run has: the model, where the run writes and records, its size, the conversion of
     what the store recorded (reward weights, missing rewards, trained call classes), logging."""
 
@@ -223,7 +232,7 @@ class RunSection:
 
 
 @dataclass
-class OptimizerSection:
+class OptimizerSection(Section):
     """AdamW and the learning-rate schedule of every run's steps."""
 
     RUNS: ClassVar[tuple[RunKind, ...]] = EVERY_RUN
@@ -248,7 +257,7 @@ class OptimizerSection:
 
 
 @dataclass
-class LoraSection:
+class LoraSection(Section):
     """The LoRA every run trains."""
 
     RUNS: ClassVar[tuple[RunKind, ...]] = EVERY_RUN
@@ -269,7 +278,7 @@ class LoraSection:
 
 
 @dataclass
-class PolicyLossSection:
+class PolicyLossSection(Section):
     """The policy-gradient loss of the GRPO runs: the loss, its clip ratios, the rollout correction
     against the sampler's logprobs, the KL penalty, how token losses add up."""
 
@@ -344,7 +353,7 @@ class PolicyLossSection:
 
 
 @dataclass
-class AdvantageSection:
+class AdvantageSection(Section):
     """How the GRPO runs turn a group's returns into advantages."""
 
     RUNS: ClassVar[tuple[RunKind, ...]] = GRPO_RUNS
@@ -367,7 +376,7 @@ class AdvantageSection:
 
 
 @dataclass
-class ShapingSection:
+class ShapingSection(Section):
     """Penalties the trainer adds to a trajectory's return from its tokens (online and offline GRPO)."""
 
     RUNS: ClassVar[tuple[RunKind, ...]] = ("online", "offline")
@@ -393,7 +402,7 @@ class ShapingSection:
 
 
 @dataclass
-class ModelSignalSection:
+class ModelSignalSection(Section):
     """Models that score the online run's rollouts through its proxy: a judge's group rewards, or a
     teacher whose logprobs are the per-token advantage (on-policy distillation)."""
 
@@ -445,7 +454,7 @@ class ModelSignalSection:
 
 
 @dataclass
-class SamplingSection:
+class SamplingSection(Section):
     """What the runs that sample have: how many sequences at once, how stale their data may be, and
     the supervised warm start before RL."""
 
@@ -464,7 +473,7 @@ class SamplingSection:
 
 
 @dataclass
-class OnlineSection:
+class OnlineSection(Section):
     """The online mode: the agent and its tasks, how the runner runs them, held-out evaluation."""
 
     RUNS: ClassVar[tuple[RunKind, ...]] = ("online",)
@@ -472,7 +481,6 @@ class OnlineSection:
         "proxy_urls": "a follow run's harness picks the proxies itself (point it at them)",
         "keep_best": "it chooses among the adapters of an online run by their validation reward",
     }
-    """What to say when one of these keys is set in another kind of run."""
 
     agent: str | list[str] = ""
     tasks: str = ""
@@ -541,7 +549,7 @@ class OnlineSection:
 
 
 @dataclass
-class OfflineSection:
+class OfflineSection(Section):
     """Offline GRPO: trajectories recorded earlier (a store or an export) instead of an agent."""
 
     RUNS: ClassVar[tuple[RunKind, ...]] = ("offline",)
@@ -557,7 +565,7 @@ class OfflineSection:
 
 
 @dataclass
-class FollowSection:
+class FollowSection(Section):
     """The follow mode's table (`follow`): an outside harness sends the rollouts."""
 
     RUNS: ClassVar[tuple[RunKind, ...]] = ("follow",)
@@ -586,7 +594,7 @@ class FollowSection:
 
 
 @dataclass
-class DPOSection:
+class DPOSection(Section):
     """DPO's table (`dpo`): its preference data and β."""
 
     RUNS: ClassVar[tuple[RunKind, ...]] = ("dpo",)
@@ -601,7 +609,7 @@ class DPOSection:
 
 
 @dataclass
-class SamplerSection:
+class SamplerSection(Section):
     """The sampler of the runs that sample; `SamplerSpec` describes each key (defaults, checks, help)
     and `GRPOConfig.sampler_spec` maps them onto it."""
 
@@ -637,7 +645,7 @@ class SamplerSection:
             )
 
 
-SECTIONS: tuple[tuple[type, Callable[[Any, Any], None]], ...] = (
+SECTIONS: tuple[tuple[type[Section], Callable[[Any, Any], None]], ...] = (
     (RunSection, RunSection._check_run),
     (OptimizerSection, OptimizerSection._check_optimizer),
     (LoraSection, LoraSection._check_lora),
@@ -692,21 +700,21 @@ class GRPOConfig(
         self._check_offline(self)
         kind = self.run_kind()
         for section, check in SECTIONS:
-            if kind in section.RUNS:  # type: ignore[attr-defined]
+            if kind in section.RUNS:
                 check(self, self)
             else:
                 self._refuse_keys_of(section, kind)
 
-    def _refuse_keys_of(self, section: type, kind: RunKind) -> None:
+    def _refuse_keys_of(self, section: type[Section], kind: RunKind) -> None:
         """ConfigError naming the first key of `section` (a section of other kinds of run) set to a
         value other than its default."""
         for item in dataclasses.fields(section):
             default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
             if getattr(self, item.name) != default:
-                *others, last = [RUN_KINDS[run][0] for run in section.RUNS]  # type: ignore[attr-defined]
+                *others, last = [RUN_KINDS[run][0] for run in section.RUNS]
                 runs = f"{', '.join(others)} or {last}" if others else last
                 this, because = RUN_KINDS[kind]
-                why = getattr(section, "ELSEWHERE", {}).get(item.name)
+                why = section.ELSEWHERE.get(item.name)
                 raise ConfigError(
                     f"{item.name} is a setting of {runs}; this run is {this} ({because})"
                     + (f"; {why}" if why else "")
