@@ -38,6 +38,8 @@ from agl_bridge.store.location import describe_location, is_postgres_location
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
+    from agl_bridge.train.config import GRPOConfig
+
 app = typer.Typer(
     name="agl-bridge",
     help="Turn agent code into exact-token RL training data and train on it with GRPO.",
@@ -593,7 +595,10 @@ def train_command(
     from agl_bridge.train.grpo import GRPOTrainer
 
     try:
-        trainer = GRPOTrainer(load_config(config))
+        run_config = load_config(config)
+        if _serve_as_launched_worker(run_config):
+            return
+        trainer = GRPOTrainer(run_config)
         summary = trainer.run(resume=resume)
     except (ConfigError, TaskFileError, CheckpointMismatchError) as exc:
         _fail(str(exc))
@@ -604,6 +609,21 @@ def train_command(
         f"{summary.eval_end}; see {summary.run_dir}"
     )
     typer.echo(f"look at it: agl-bridge view --run-dir {summary.run_dir}")
+
+
+def _serve_as_launched_worker(run_config: GRPOConfig) -> bool:
+    """Under torchrun, every rank but 0 serves rank 0's trainer as a data-parallel worker (docs/scaling.md)."""
+    from agl_bridge.primitives.data_parallel import launched_rank, serve_worker
+    from agl_bridge.train.step import rank_group
+
+    if launched_rank() in (None, 0):
+        return False
+    group = rank_group(run_config)
+    try:
+        serve_worker(group, config_digest=run_config.digest())
+    finally:
+        group.close()
+    return True
 
 
 @app.command("view")

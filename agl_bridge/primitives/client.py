@@ -456,12 +456,27 @@ class TrainingClient:
         self, data: Sequence[Datum], loss_fn: str | None, loss_fn_config: dict[str, Any] | None, backward: bool
     ) -> ForwardBackwardOutput:
         start = time.perf_counter()
+        spec, config, tensors = self._prepare(data, loss_fn, loss_fn_config)
+        metrics, outputs = self._accumulate(tensors, spec, config, backward)
+        return ForwardBackwardOutput(outputs, metrics.result({"time_s": time.perf_counter() - start}))
+
+    def _prepare(
+        self, data: Sequence[Datum], loss_fn: str | None, loss_fn_config: dict[str, Any] | None
+    ) -> tuple[LossSpec | None, dict[str, Any], list[DatumTensors]]:
+        """The loss, its resolved config and the checked datums of a forward call (ValueError/DatumError
+        naming what is wrong)."""
         spec: LossSpec | None = get_loss(loss_fn) if loss_fn is not None else None
         if spec is None and loss_fn_config:
             raise ValueError("loss_fn_config was given without a loss_fn; name the loss it configures")
         config = resolve_config(spec, loss_fn_config) if spec is not None else {}
         required = spec.required if spec is not None else (TARGET_TOKENS,)
-        tensors = self._validate(data, required=required, allow_unknown=False)
+        return spec, config, self._validate(data, required=required, allow_unknown=False)
+
+    def _accumulate(
+        self, tensors: list[DatumTensors], spec: LossSpec | None, config: dict[str, Any], backward: bool
+    ) -> tuple[StepMetrics, list[dict[str, torch.Tensor]]]:
+        """Score checked datums (adding their loss's gradients when `backward`): the call's metrics and
+        each datum's outputs."""
         want_kl = bool(config.get("kl_coef"))
         metrics = StepMetrics()
         metrics.num_datums = len(tensors)
@@ -481,7 +496,7 @@ class TrainingClient:
                     metrics.loss += float(result.loss.detach())
                     metrics.add_token_metrics(batch.weights > 0, result.token_metrics)
             self._record(batch, lp, entropy, metrics, outputs, ref)
-        return ForwardBackwardOutput(outputs, metrics.result({"time_s": time.perf_counter() - start}))
+        return metrics, outputs
 
     def _reference_impl(self, data: Sequence[Datum]) -> list[torch.Tensor]:
         tensors = self._validate(data, required=(TARGET_TOKENS,), allow_unknown=True)

@@ -96,6 +96,17 @@ class StepMetrics:
         for name, tensor in values.items():
             self._sums[name] = self._sums.get(name, 0.0) + float(tensor.detach()[active].double().sum())
 
+    def merge(self, other: StepMetrics) -> None:
+        """Add another share of the same call (another rank's datums): the result is the whole call's."""
+        self.loss += other.loss
+        self.num_datums += other.num_datums
+        self.tokens += other.tokens
+        for name, total in other._sums.items():
+            self._sums[name] = self._sums.get(name, 0.0) + total
+        self._trainer_lp += other._trainer_lp
+        self._sampler_lp += other._sampler_lp
+        self._entropy_sum += other._entropy_sum
+
     def result(self, extra: dict[str, float] | None = None) -> dict[str, float]:
         """The metrics dict: loss, tokens, datums, per-token means, gap statistics, entropy."""
         out: dict[str, float] = {"loss": self.loss, "tokens": float(self.tokens), "num_datums": float(self.num_datums)}

@@ -11,6 +11,9 @@ the whole config, because a few rules join keys of two sections (a LoRA rank the
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -275,6 +278,22 @@ class LoraSection(Section):
             raise ConfigError(
                 f'lora_target_modules must be "all-linear" or a list of module names, got {self.lora_target_modules!r}'
             )
+
+
+@dataclass
+class RanksSection(Section):
+    """How many processes train: data-parallel ranks of the trainer (docs/scaling.md)."""
+
+    RUNS: ClassVar[tuple[RunKind, ...]] = EVERY_RUN
+
+    trainer_ranks: int = 1
+    trainer_timeout_s: float = 600.0
+
+    def _check_ranks(self, config: GRPOConfig) -> None:
+        check_positive(self, ("trainer_ranks",))
+        timeout = self.trainer_timeout_s
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < math.inf:
+            raise ConfigError(f"trainer_timeout_s must be a number of seconds > 0, got {timeout!r}")
 
 
 @dataclass
@@ -649,6 +668,7 @@ SECTIONS: tuple[tuple[type[Section], Callable[[Any, Any], None]], ...] = (
     (RunSection, RunSection._check_run),
     (OptimizerSection, OptimizerSection._check_optimizer),
     (LoraSection, LoraSection._check_lora),
+    (RanksSection, RanksSection._check_ranks),
     (PolicyLossSection, PolicyLossSection._check_policy_loss),
     (AdvantageSection, AdvantageSection._check_advantage),
     (ShapingSection, ShapingSection._check_shaping),
@@ -683,6 +703,7 @@ class GRPOConfig(
     ShapingSection,
     AdvantageSection,
     PolicyLossSection,
+    RanksSection,
     LoraSection,
     OptimizerSection,
     RunSection,
@@ -720,6 +741,11 @@ class GRPOConfig(
                     + (f"; {why}" if why else "")
                     + f": remove {item.name}"
                 )
+
+    def digest(self) -> str:
+        """sha256 of every key's value: ranks launched apart (torchrun) compare it to train alike."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def learning_rate_at(self, step: int) -> float:
         """The learning rate of RL step `step` (0-based) under `lr_schedule`; see agl_bridge/train/schedule.py."""

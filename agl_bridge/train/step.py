@@ -9,11 +9,20 @@ with its custom loss.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from agl_bridge.errors import ConfigError
 from agl_bridge.primitives.client import AdamParams, CustomLossFn, TrainingClient
+from agl_bridge.primitives.data_parallel import (
+    DataParallelTrainingClient,
+    RankGroup,
+    join_group_from_env,
+    launched_rank,
+    spawn_local_group,
+)
 from agl_bridge.primitives.datum import Datum
 from agl_bridge.sampler.base import AdapterSampler
 from agl_bridge.sampler.hf import HFSampler
@@ -72,17 +81,38 @@ def adam_params(config: GRPOConfig) -> AdamParams:
 def run_client(
     config: GRPOConfig, model_path: str, sampler: HFSampler | HFProcessSampler | AdapterSampler | None = None
 ) -> TrainingClient:
-    """The TrainingClient of a run config (its LoRA, seed and memory bound), publishing to `sampler` if given."""
-    return TrainingClient(
-        model_path,
-        lora_rank=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        target_modules=config.lora_target_modules,
-        train_unembedding=config.train_unembedding,
-        seed=config.seed,
-        sampler=sampler,
-        max_batch_tokens=config.max_batch_tokens,
-    )
+    """The TrainingClient of a run config (its LoRA, seed and memory bound), publishing to `sampler` if given.
+
+    With `trainer_ranks` > 1 it drives a data-parallel group (docs/scaling.md): the ranks a launcher
+    (torchrun) started, or worker processes it starts on this machine.
+    """
+    settings: dict[str, Any] = {
+        "base_model": model_path,
+        "lora_rank": config.lora_rank,
+        "lora_alpha": config.lora_alpha,
+        "target_modules": config.lora_target_modules,
+        "train_unembedding": config.train_unembedding,
+        "seed": config.seed,
+        "sampler": sampler,
+        "max_batch_tokens": config.max_batch_tokens,
+    }
+    if config.trainer_ranks == 1 and launched_rank() is None:
+        return TrainingClient(**settings)
+    return DataParallelTrainingClient(rank_group(config), config_digest=config.digest(), **settings)
+
+
+def rank_group(config: GRPOConfig) -> RankGroup:
+    """The data-parallel group of a run: joined from a launcher's environment (its size must be
+    `trainer_ranks`), else `trainer_ranks` processes started here."""
+    if launched_rank() is None:
+        return spawn_local_group(config.trainer_ranks, timeout_s=config.trainer_timeout_s)
+    world_size = int(os.environ["WORLD_SIZE"])
+    if world_size != config.trainer_ranks:
+        raise ConfigError(
+            f"the launcher started {world_size} ranks but trainer_ranks is {config.trainer_ranks}; "
+            f"set trainer_ranks = {world_size} or start {config.trainer_ranks} (torchrun --nproc-per-node)"
+        )
+    return join_group_from_env(timeout_s=config.trainer_timeout_s)
 
 
 async def train_step(client: TrainingClient, datums: list[Datum], settings: StepSettings) -> dict[str, Any]:

@@ -1,0 +1,554 @@
+"""Data-parallel training over torch.distributed: each rank scores a share of a call's datums
+(balanced by tokens), the gradients are summed with one all-reduce, and every rank takes the same
+AdamW step on the same sum — the numbers of one process, up to the order of float additions.
+
+Roles. Rank 0 is the driver: it runs the training loop, the proxy, the store and the sampler sync,
+exactly as a one-process run does, through a `DataParallelTrainingClient`. Every other rank is a
+worker (`serve_worker`): it holds a replica of the model and its LoRA and runs the driver's calls on
+its share. Losses are sums over tokens and rows are whole datums, so the sum of the ranks' losses and
+gradients is the one-process loss and gradient. `forward`, `reference_logprobs`, custom losses (DPO
+pairs its datums) and checkpoints run on the driver alone; the workers' gradients for a custom loss
+are zero, so the step is still exact.
+
+Channel. Calls travel through the c10d store the process group is built on, not through
+collectives: a worker waits for the next call as long as the driver spends on rollouts, and a
+collective's timeout would fire there. A collective (the all-reduce, a weight broadcast) starts only
+once every rank has said it is at it, so a rank that died or hangs is named after `timeout_s`, not
+waited for forever.
+
+Launch: `spawn_local_group` (the driver starts its workers on this machine), or `join_group_from_env`
+under torchrun, one node or several (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); see docs/scaling.md.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import pickle
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from agl_bridge.primitives.client import (
+    AdamParams,
+    CustomLossFn,
+    ForwardBackwardOutput,
+    OptimStepOutput,
+    TrainingClient,
+)
+from agl_bridge.primitives.datum import Datum
+from agl_bridge.primitives.metrics import StepMetrics
+
+T = TypeVar("T")
+
+_Share = tuple[StepMetrics, list[dict[str, "torch.Tensor"]]]
+
+DEFAULT_TIMEOUT_S = 600.0
+"""How long a rank waits for another before naming it (model loading on a worker counts too)."""
+
+WORKER_MODULE = "agl_bridge.primitives.data_parallel"
+"""What `spawn_local_group` runs in each worker process (`python -m`)."""
+
+_STOP = "stop"
+
+
+class DataParallelError(RuntimeError):
+    """A rank of a data-parallel group failed, exited, did not answer in time, or disagrees with the driver."""
+
+
+def shard_by_tokens(lengths: Sequence[int], world_size: int) -> list[list[int]]:
+    """Each rank's datum indices (ascending): longest datum first to the rank with the fewest tokens
+    so far, ties to the lower rank — deterministic, and within one longest datum of balanced.
+
+    A batch with fewer datums than ranks leaves some ranks empty (their gradient is zero).
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    loads = [0] * world_size
+    shards: list[list[int]] = [[] for _ in range(world_size)]
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        shards[rank].append(index)
+        loads[rank] += lengths[index]
+    return [sorted(shard) for shard in shards]
+
+
+@dataclass
+class RankGroup:
+    """This process's place in a data-parallel group: its rank, the group's size, the store calls
+    travel through, how long to wait for a rank, and (on a driver that started them) the workers."""
+
+    rank: int
+    world_size: int
+    store: dist.Store
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    workers: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def post(self, key: str, value: object) -> None:
+        """Publish `value` under `key` for another rank to take."""
+        self.store.set(key, pickle.dumps(value))  # type: ignore[arg-type]  # the binding takes bytes; its stub says str
+
+    def take(self, key: str, *, forever: bool = False, alive: Callable[[], bool] | None = None) -> Any:
+        """The value posted under `key`, removed from the store; wait up to `timeout_s` (or, with
+        `forever`, while `alive()` holds) — else DataParallelError."""
+        return self.take_all({-1: key}, what=key, forever=forever, alive=alive)[-1]
+
+    def take_all(
+        self,
+        keys_by_rank: dict[int, str],
+        *,
+        what: str,
+        forever: bool = False,
+        alive: Callable[[], bool] | None = None,
+    ) -> dict[int, Any]:
+        """Each rank's posted value, once all have posted; DataParallelError naming the ranks that
+        exited or did not post `what` within `timeout_s`."""
+        deadline = time.monotonic() + self.timeout_s
+        pending = dict(keys_by_rank)
+        values: dict[int, Any] = {}
+        pause = 0.0005
+        while True:
+            for rank, key in list(pending.items()):
+                if self.store.check([key]):
+                    values[rank] = pickle.loads(self.store.get(key))
+                    self.store.delete_key(key)
+                    del pending[rank]
+            if not pending:
+                return values
+            exited = {r: p.returncode for r, p in self.workers.items() if r in pending and p.poll() is not None}
+            if exited:
+                named = ", ".join(f"rank {r} (exit code {code})" for r, code in sorted(exited.items()))
+                raise DataParallelError(f"{named} exited while rank {self.rank} waited for its {what}")
+            if alive is not None and not alive():
+                raise DataParallelError(f"rank {self.rank}: the driver is gone while waiting for {what}")
+            if not forever and time.monotonic() > deadline:
+                named = ", ".join(f"rank {r}" for r in sorted(pending))
+                raise DataParallelError(
+                    f"{named} did not report its {what} within {self.timeout_s:g} s (trainer_timeout_s); it is "
+                    "hung or dead — see its log, then restart the run (--resume continues from the last checkpoint)"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
+    def close(self) -> None:
+        """Leave the process group; a driver waits for the workers it started (killing them if they hang)."""
+        for process in self.workers.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _timeout(timeout_s: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=timeout_s)
+
+
+def _backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _init_group(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> RankGroup:
+    dist.init_process_group(
+        _backend(),
+        store=dist.PrefixStore("pg", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=_timeout(timeout_s),
+    )
+    return RankGroup(rank, world_size, dist.PrefixStore("agl", store), timeout_s)
+
+
+def spawn_local_group(world_size: int, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> RankGroup:
+    """Start `world_size - 1` worker processes on this machine and form the group, this process rank 0."""
+    if world_size < 2:
+        raise ValueError(f"a data-parallel group needs at least 2 ranks, got {world_size}")
+    store = dist.TCPStore(
+        "127.0.0.1", 0, world_size, is_master=True, timeout=_timeout(timeout_s), wait_for_workers=False
+    )
+    workers: dict[int, subprocess.Popen[bytes]] = {}
+    for rank in range(1, world_size):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(store.port),
+            "AGL_TRAINER_TIMEOUT_S": str(timeout_s),
+        }
+        workers[rank] = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], env=env)
+    try:
+        group = _init_group(store, 0, world_size, timeout_s)
+    except BaseException:
+        for process in workers.values():
+            process.kill()
+        raise
+    group.workers = workers
+    return group
+
+
+def launched_rank() -> int | None:
+    """This process's rank when a launcher (torchrun) started it in a group of several, else None."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return int(os.environ["RANK"])
+    return None
+
+
+def join_group_from_env(*, timeout_s: float | None = None) -> RankGroup:
+    """Join the group a launcher described in the environment (torchrun: RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT); the store is torchrun's agent's when it offers one, else rank 0's."""
+    missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise DataParallelError(
+            f"{', '.join(missing)} not set: start the ranks with torchrun (or let trainer_ranks start them)"
+        )
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = timeout_s if timeout_s is not None else float(os.environ.get("AGL_TRAINER_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+    hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=hosts_store,
+        timeout=_timeout(timeout),
+    )
+    return _init_group(store, rank, world_size, timeout)
+
+
+# ---------------------------------------------------------------------------------- the replicas
+
+
+def _flat_gradients(client: TrainingClient) -> torch.Tensor:
+    return torch.cat(
+        [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
+            for p in client.trainable_parameters()
+        ]
+    )
+
+
+def _set_flat_gradients(client: TrainingClient, flat: torch.Tensor) -> None:
+    offset = 0
+    for param in client.trainable_parameters():
+        count = param.numel()
+        param.grad = flat[offset : offset + count].view_as(param).to(param.dtype).clone()
+        offset += count
+
+
+def _weights_digest(client: TrainingClient) -> str:
+    """sha256 of the trained parameters' bytes: replicas that stepped alike have equal digests."""
+    digest = hashlib.sha256()
+    for param in client.trainable_parameters():
+        digest.update(param.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _broadcast_trainable(client: TrainingClient) -> None:
+    with torch.no_grad():
+        for param in client.trainable_parameters():
+            dist.broadcast(param.data, src=0)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A worker's answer when its part of a call raised: what it raised."""
+
+    reason: str
+
+
+class _CallAbandoned(DataParallelError):
+    """A worker's side of a call another rank failed (the driver reports it; the worker goes on)."""
+
+
+class _Replica:
+    """What every rank does for a call, driver and worker alike (one rule, one place).
+
+    It reaches into the client's step internals on purpose: a replica is the client's own layer.
+    """
+
+    def __init__(self, client: TrainingClient, group: RankGroup) -> None:
+        self.client = client
+        self.group = group
+
+    def scored(self, data: list[Datum], loss_fn: str | None, loss_fn_config: dict[str, Any] | None) -> _Share:
+        """This rank's share of a forward_backward, with gradients (nothing for an empty share)."""
+        if not data:
+            return StepMetrics(), []
+        spec, config, tensors = self.client._prepare(data, loss_fn, loss_fn_config)
+        return self.client._accumulate(tensors, spec, config, True)
+
+    def summed(self, call: int, compute: Callable[[], T]) -> T:
+        """Run `compute` (which adds this rank's gradients), then sum every rank's new gradients into
+        the ones accumulated before it — two calls before an optim_step add up, as on one process.
+        Any rank's failure fails the call on every rank and leaves the gradients as they were."""
+        before = _flat_gradients(self.client)
+        self.client._optimizer.zero_grad(set_to_none=True)
+        try:
+            result = compute()
+        except Exception as error:
+            _set_flat_gradients(self.client, before)
+            self.meet(call, "gradients", error)
+            if self.group.rank != 0:
+                raise _CallAbandoned(f"call {call} failed here: {error!r}") from error
+            raise
+        try:
+            self.meet(call, "gradients")
+        except DataParallelError:
+            _set_flat_gradients(self.client, before)
+            raise
+        summed = _flat_gradients(self.client)
+        dist.all_reduce(summed)
+        _set_flat_gradients(self.client, before + summed)
+        return result
+
+    def meet(self, call: int, what: str, error: BaseException | None = None) -> None:
+        """Wait until every rank is at call `call` and ready (named timeout), so the collective after
+        it cannot hang; a rank's `error` fails the call on every rank."""
+        group = self.group
+        if group.rank != 0:
+            group.post(f"at/{call}/{group.rank}", None if error is None else _Failed(repr(error)))
+            if not group.take(f"go/{call}") and error is None:
+                raise _CallAbandoned(f"call {call} failed on another rank")
+            return
+        others = {rank: f"at/{call}/{rank}" for rank in range(1, group.world_size)}
+        answers = group.take_all(others, what=f"arrival at the {what} all-reduce of call {call}")
+        failed = {rank: answer for rank, answer in sorted(answers.items()) if isinstance(answer, _Failed)}
+        group.post(f"go/{call}", error is None and not failed)
+        if failed and error is None:
+            rank, answer = next(iter(failed.items()))
+            raise DataParallelError(f"rank {rank} failed its share of call {call}: {answer.reason}")
+
+
+class DataParallelTrainingClient(TrainingClient):
+    """A `TrainingClient` on rank 0 of a data-parallel group: the same API and results, each
+    `forward_backward` shared among the ranks by tokens (see the module docs).
+
+    group: from `spawn_local_group` or `join_group_from_env`. config_digest: what each worker's run
+    config must hash to (torchrun starts every rank from its own copy); None skips the check.
+    Every other argument is `TrainingClient`'s; the workers build their replica from the same ones.
+    """
+
+    def __init__(self, group: RankGroup, *, config_digest: str | None = None, **client_args: Any) -> None:
+        if group.rank != 0:
+            raise ValueError(f"the driver is rank 0; rank {group.rank} runs serve_worker")
+        self._group = group
+        self._calls = 0
+        group.post("client", {key: value for key, value in client_args.items() if key != "sampler"})
+        try:
+            super().__init__(**client_args)
+            self._replica = _Replica(self, group)
+            self._check_workers(config_digest)
+            self._run(self._broadcast_weights)
+        except BaseException:
+            self._tell(self._next_call(), _STOP)
+            group.close()
+            raise
+
+    @property
+    def group(self) -> RankGroup:
+        """The data-parallel group this client drives."""
+        return self._group
+
+    def _check_workers(self, config_digest: str | None) -> None:
+        workers = {rank: f"hello/{rank}" for rank in range(1, self._group.world_size)}
+        mine = replace(self.identity, base_model="")  # the same files may sit at another path on another node
+        for rank, hello in sorted(self._group.take_all(workers, what="model replica (hello)").items()):
+            if isinstance(hello, _Failed):
+                raise DataParallelError(f"rank {rank} could not build its replica: {hello.reason}")
+            if replace(hello["identity"], base_model="") != mine:
+                raise DataParallelError(
+                    f"rank {rank} built a different model or LoRA ({hello['identity']}) from rank 0's "
+                    f"({self.identity}); every rank must see the same model files"
+                )
+            if config_digest is not None and hello["config_digest"] not in (None, config_digest):
+                raise DataParallelError(
+                    f"rank {rank}'s run config differs from rank 0's (digest {hello['config_digest']} vs "
+                    f"{config_digest}); give every rank the same config file"
+                )
+
+    def _next_call(self) -> int:
+        self._calls += 1
+        return self._calls
+
+    def _tell(self, call: int, op: str, per_rank: Callable[[int], tuple[Any, ...]] | tuple[Any, ...] = ()) -> None:
+        for rank in range(1, self._group.world_size):
+            args = per_rank(rank) if callable(per_rank) else per_rank
+            self._group.post(f"call/{call}/{rank}", (op, args))
+
+    def _await_workers(self, call: int, what: str) -> dict[int, Any]:
+        """Each worker's answer to call `call`; DataParallelError naming a rank that failed it (its
+        answer is then the error's text)."""
+        answers = self._group.take_all(
+            {rank: f"done/{call}/{rank}" for rank in range(1, self._group.world_size)}, what=what
+        )
+        for rank, answer in sorted(answers.items()):
+            if isinstance(answer, _Failed):
+                raise DataParallelError(f"rank {rank} failed {what}: {answer.reason}")
+        return answers
+
+    def _broadcast_weights(self) -> None:
+        call = self._next_call()
+        self._tell(call, "broadcast")
+        self._replica.meet(call, "weights")
+        _broadcast_trainable(self)
+
+    def _forward_impl(
+        self, data: Sequence[Datum], loss_fn: str | None, loss_fn_config: dict[str, Any] | None, backward: bool
+    ) -> ForwardBackwardOutput:
+        if not backward:
+            return super()._forward_impl(data, loss_fn, loss_fn_config, backward)
+        start = time.perf_counter()
+        self._prepare(data, loss_fn, loss_fn_config)  # a bad call is refused here, before any rank starts it
+        shards = shard_by_tokens([datum.num_tokens for datum in data], self._group.world_size)
+        call = self._next_call()
+        self._tell(call, "forward_backward", lambda rank: ([data[i] for i in shards[rank]], loss_fn, loss_fn_config))
+        own = [data[i] for i in shards[0]]
+        metrics, own_outputs = self._replica.summed(call, lambda: self._replica.scored(own, loss_fn, loss_fn_config))
+        shares = {0: own_outputs}
+        for rank, (rank_metrics, rank_outputs) in sorted(self._await_workers(call, "forward_backward").items()):
+            metrics.merge(rank_metrics)
+            shares[rank] = rank_outputs
+        outputs: list[dict[str, torch.Tensor]] = [{} for _ in data]
+        for rank, rank_outputs in shares.items():
+            for index, output in zip(shards[rank], rank_outputs, strict=True):
+                outputs[index] = output
+        return ForwardBackwardOutput(outputs, metrics.result({"time_s": time.perf_counter() - start}))
+
+    def _custom_impl(self, data: Sequence[Datum], fn: CustomLossFn) -> ForwardBackwardOutput:
+        # A custom loss may couple its datums (DPO pairs them), so the driver computes all of it and
+        # the workers add zero gradients: exact, not faster.
+        call = self._next_call()
+        self._tell(call, "forward_backward", ([], None, None))
+        output = self._replica.summed(call, lambda: TrainingClient._custom_impl(self, data, fn))
+        self._await_workers(call, "forward_backward_custom")
+        return output
+
+    def _optim_impl(self, params: AdamParams) -> OptimStepOutput:
+        if isinstance(params, AdamParams):
+            params.validate()  # refused here, before any rank steps
+        call = self._next_call()
+        self._tell(call, "optim_step", (params,))
+        try:
+            output = super()._optim_impl(params)
+        except Exception:
+            # Every replica failed the same way (identical gradients): take their answers, raise ours.
+            self._group.take_all(
+                {rank: f"done/{call}/{rank}" for rank in range(1, self._group.world_size)}, what="optim_step"
+            )
+            raise
+        mine = _weights_digest(self)
+        for rank, digest in sorted(self._await_workers(call, "optim_step").items()):
+            if digest != mine:
+                raise DataParallelError(
+                    f"rank {rank}'s weights differ from rank 0's after step {self._step}: the replicas "
+                    "diverged (a rank with another torch build or device kind?); restart from the last checkpoint"
+                )
+        return output
+
+    def zero_grad(self) -> None:
+        """Discard the accumulated gradients on every rank."""
+        self._run(self._zero_every_rank)
+
+    def _zero_every_rank(self) -> None:
+        self._tell(self._next_call(), "zero_grad")
+        self._optimizer.zero_grad(set_to_none=True)
+
+    def _load_state_impl(self, path: Path, optimizer: bool) -> int:
+        step = super()._load_state_impl(path, optimizer)
+        self._broadcast_weights()
+        self._tell(self._next_call(), "optimizer_state", (self._optimizer.state_dict(), self._step))
+        return step
+
+    def close(self) -> None:
+        """Finish queued calls, stop the workers, leave the group; then as `TrainingClient.close`."""
+        if not self._closed:
+            self._run(lambda: self._tell(self._next_call(), _STOP))
+        super().close()
+        self._group.close()
+
+
+def serve_worker(group: RankGroup, *, config_digest: str | None = None) -> None:
+    """Run a worker rank until the driver stops it: build the replica the driver describes, then
+    execute its calls in order (see the module docs)."""
+    driver_alive = _driver_watch()
+    client_args = group.take("client", forever=True, alive=driver_alive)
+    if client_args.get("device") is None and torch.cuda.is_available():
+        client_args["device"] = f"cuda:{os.environ.get('LOCAL_RANK', group.rank)}"
+    try:
+        client = TrainingClient(**client_args)
+    except Exception as error:
+        group.post(f"hello/{group.rank}", _Failed(repr(error)))  # the driver names this rank and stops
+        raise
+    group.post(f"hello/{group.rank}", {"identity": client.identity, "config_digest": config_digest})
+    replica = _Replica(client, group)
+    call = 0
+    try:
+        while True:
+            call += 1
+            op, args = group.take(f"call/{call}/{group.rank}", forever=True, alive=driver_alive)
+            if op == _STOP:
+                return
+            _serve_call(replica, call, op, args)
+    finally:
+        client.close()
+
+
+def _serve_call(replica: _Replica, call: int, op: str, args: tuple[Any, ...]) -> None:
+    client, group = replica.client, replica.group
+    done = f"done/{call}/{group.rank}"
+    if op == "broadcast":
+        replica.meet(call, "weights")
+        _broadcast_trainable(client)
+    elif op == "forward_backward":
+        try:
+            share = replica.summed(call, lambda: replica.scored(*args))
+        except _CallAbandoned as abandoned:  # the driver reports it; the next call may succeed
+            print(f"[agl_bridge rank {group.rank}] {abandoned}", file=sys.stderr)
+            return
+        group.post(done, share)
+    elif op == "optim_step":
+        try:
+            client._optim_impl(*args)
+        except Exception as error:  # the driver's step fails the same way (identical gradients)
+            group.post(done, _Failed(repr(error)))
+            return
+        group.post(done, _weights_digest(client))
+    elif op == "zero_grad":
+        client._optimizer.zero_grad(set_to_none=True)
+    elif op == "optimizer_state":
+        state, step = args
+        client._optimizer.load_state_dict(state)
+        client._step = step
+    else:
+        raise DataParallelError(f"unknown call {op!r} from the driver")
+
+
+def _driver_watch() -> Callable[[], bool]:
+    """A check that the process that started this one is still there (a local driver's workers
+    must not outlive it; under torchrun the agent stops the ranks)."""
+    parent = os.getppid()
+    return lambda: os.getppid() == parent
+
+
+def main() -> None:
+    """A worker rank started by `spawn_local_group`."""
+    group = join_group_from_env()
+    try:
+        serve_worker(group)
+    finally:
+        group.close()
+
+
+if __name__ == "__main__":
+    main()

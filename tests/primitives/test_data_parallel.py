@@ -1,0 +1,150 @@
+"""Data-parallel training on 2 CPU ranks (gloo) gives one process's numbers, and fails by name.
+
+Each test starts a real group: this process is rank 0 and a worker process is rank 1
+(`spawn_local_group`), on the tiny model.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from agl_bridge.primitives import AdamParams, Datum, TrainingClient
+from agl_bridge.primitives.data_parallel import (
+    DataParallelError,
+    DataParallelTrainingClient,
+    shard_by_tokens,
+    spawn_local_group,
+)
+from tests.datum_helpers import random_sequences, rl_batch
+
+ADAM = AdamParams(learning_rate=1e-2)
+
+
+def _driver(model: Path, ranks: int = 2, timeout_s: float = 120.0) -> DataParallelTrainingClient:
+    return DataParallelTrainingClient(
+        spawn_local_group(ranks, timeout_s=timeout_s), base_model=str(model), lora_rank=8, device="cpu", seed=3
+    )
+
+
+def _gradients(client: TrainingClient) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in client.trainable_parameters()]  # type: ignore[union-attr]
+
+
+def _weights(client: TrainingClient) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in client.trainable_parameters()]
+
+
+def assert_same_up_to_float_order(
+    got: list[torch.Tensor], expected: list[torch.Tensor], tolerance: float = 1e-6
+) -> None:
+    """Equal within `tolerance` times the largest magnitude: fp32 sums in another order (another
+    padding, another rank's share) differ by that much — one process re-batched differs as much."""
+    scale = max(float(t.abs().max()) for t in expected)
+    worst = max(float((a - b).abs().max()) for a, b in zip(got, expected, strict=True))
+    assert worst <= tolerance * scale, f"differs by {worst:.3g}, more than {tolerance:g} x {scale:.3g}"
+
+
+def _sft_batch(count: int = 5) -> list[Datum]:
+    return [Datum.from_sequence(s, [0] * 3 + [1] * (len(s) - 3)) for s in random_sequences(count, seed=4)]
+
+
+def test_shards_balance_tokens_and_keep_every_datum_once() -> None:
+    lengths = [100, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10]
+    shards = shard_by_tokens(lengths, 2)
+    assert sorted(i for shard in shards for i in shard) == list(range(len(lengths)))
+    assert [sum(lengths[i] for i in shard) for shard in shards] == [100, 100]  # by tokens, not by count
+    assert shards == shard_by_tokens(lengths, 2)  # deterministic
+    assert shard_by_tokens([5], 3) == [[0], [], []]  # fewer datums than ranks: empty shares
+    with pytest.raises(ValueError, match="world_size"):
+        shard_by_tokens([1], 0)
+
+
+def test_two_ranks_give_one_process_loss_gradients_and_next_weights(tiny_model_dir: Path) -> None:
+    single = TrainingClient(str(tiny_model_dir), lora_rank=8, device="cpu", seed=3)
+    mirrored = TrainingClient(str(tiny_model_dir), lora_rank=8, device="cpu", seed=3)
+    driver = _driver(tiny_model_dir)
+    try:
+        data = rl_batch(single, count=6, seed=1)
+        expected = single.forward_backward(data, "importance_sampling")
+        got = driver.forward_backward(data, "importance_sampling")
+        assert got.metrics["loss"] == pytest.approx(expected.metrics["loss"], abs=1e-6)
+        assert got.metrics["tokens"] == expected.metrics["tokens"]
+        assert got.metrics["num_datums"] == 6
+        assert got.metrics["ratio_mean"] == pytest.approx(expected.metrics["ratio_mean"], abs=1e-6)
+        for mine, theirs in zip(got.loss_fn_outputs, expected.loss_fn_outputs, strict=True):
+            torch.testing.assert_close(mine["logprobs"], theirs["logprobs"], atol=1e-6, rtol=0)
+        assert_same_up_to_float_order(_gradients(driver), _gradients(single))
+
+        # One process scoring the ranks' shares as two calls does the very same float work: the
+        # gradients, and the weights after the step (what the sampler gets next), are bit for bit equal.
+        for shard in shard_by_tokens([d.num_tokens for d in data], 2):
+            mirrored.forward_backward([data[i] for i in shard], "importance_sampling")
+        assert all(torch.equal(a, b) for a, b in zip(_gradients(driver), _gradients(mirrored), strict=True))
+        driver.optim_step(ADAM)
+        mirrored.optim_step(ADAM)
+        assert all(torch.equal(a, b) for a, b in zip(_weights(driver), _weights(mirrored), strict=True))
+        single.optim_step(ADAM)
+
+        # The worker stepped the same way (its weights' digest is checked at every step), and a
+        # second call before a step adds to the first, as on one process.
+        more = _sft_batch()
+        for client in (single, driver):
+            client.forward_backward(data, "importance_sampling")
+            client.forward_backward(more, "cross_entropy")
+        assert_same_up_to_float_order(_gradients(driver), _gradients(single))
+    finally:
+        driver.close()
+        single.close()
+        mirrored.close()
+    assert all(process.returncode == 0 for process in driver.group.workers.values())
+
+
+def test_a_checkpoint_loads_on_any_rank_count(tiny_model_dir: Path, tmp_path: Path) -> None:
+    single = TrainingClient(str(tiny_model_dir), lora_rank=8, device="cpu", seed=3)
+    try:
+        single.forward_backward(_sft_batch(), "cross_entropy")
+        single.optim_step(ADAM)
+        single.save_state(tmp_path / "state")
+        single.forward_backward(_sft_batch(3), "cross_entropy")
+        single.optim_step(ADAM)
+        expected = _weights(single)
+    finally:
+        single.close()
+    driver = _driver(tiny_model_dir)
+    try:
+        assert driver.load_state(tmp_path / "state") == 1
+        driver.forward_backward(_sft_batch(3), "cross_entropy")  # the worker's share needs the loaded weights
+        driver.optim_step(ADAM)  # and its optimizer moments: the step checks the replicas agree
+        assert_same_up_to_float_order(_weights(driver), expected, tolerance=1e-3)  # AdamW magnifies float order
+    finally:
+        driver.close()
+
+
+def test_a_bad_call_is_refused_before_any_rank_starts_and_the_group_goes_on(tiny_model_dir: Path) -> None:
+    driver = _driver(tiny_model_dir)
+    try:
+        bad = Datum(model_input=[1, 2, 3], loss_fn_inputs={"target_tokens": [1, 2], "weights": [1.0, 1.0, 1.0]})
+        with pytest.raises(Exception, match="target_tokens"):
+            driver.forward_backward([bad], "cross_entropy")
+        with pytest.raises(ValueError, match="learning_rate"):
+            driver.optim_step(AdamParams(learning_rate=-1.0))
+        assert driver.forward_backward(_sft_batch(), "cross_entropy").metrics["num_datums"] == 5
+    finally:
+        driver.close()
+
+
+def test_a_rank_that_dies_mid_run_is_named_not_waited_for(tiny_model_dir: Path) -> None:
+    driver = _driver(tiny_model_dir)
+    try:
+        worker = driver.group.workers[1]
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        with pytest.raises(DataParallelError, match=r"rank 1 \(exit code -9\) exited"):
+            driver.forward_backward(_sft_batch(), "cross_entropy")
+    finally:
+        driver.close()
