@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -59,6 +59,10 @@ WORKER_MODULE = "agl_bridge.primitives.data_parallel"
 
 _STOP = "stop"
 
+COMMUNICATION_KEY = "time_communication_s"
+"""The forward_backward metric of a data-parallel call: seconds rank 0 spent meeting the other ranks,
+summing gradients and collecting their results (waiting for the slowest rank included)."""
+
 
 class DataParallelError(RuntimeError):
     """A rank of a data-parallel group failed, exited, did not answer in time, or disagrees with the driver."""
@@ -81,16 +85,30 @@ def shard_by_tokens(lengths: Sequence[int], world_size: int) -> list[list[int]]:
     return [sorted(shard) for shard in shards]
 
 
+class WorkerHandle(Protocol):
+    """A worker rank a driver started (a local process, a Ray task): whether it ended, and how to end it."""
+
+    def exit_status(self) -> str | None:
+        """None while it runs; else how it ended, e.g. ``exit code -9``."""
+        ...
+
+    def finish(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for it to end (it was told to stop), then kill it."""
+        ...
+
+
 @dataclass
 class RankGroup:
     """This process's place in a data-parallel group: its rank, the group's size, the store calls
-    travel through, how long to wait for a rank, and (on a driver that started them) the workers."""
+    travel through, how long to wait for a rank, and (on a driver that started them) the workers
+    and what to release after them."""
 
     rank: int
     world_size: int
     store: dist.Store
     timeout_s: float = DEFAULT_TIMEOUT_S
-    workers: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    workers: dict[int, WorkerHandle] = field(default_factory=dict)
+    on_close: list[Callable[[], None]] = field(default_factory=list)
 
     def post(self, key: str, value: object) -> None:
         """Publish `value` under `key` for another rank to take."""
@@ -123,9 +141,10 @@ class RankGroup:
                     del pending[rank]
             if not pending:
                 return values
-            exited = {r: p.returncode for r, p in self.workers.items() if r in pending and p.poll() is not None}
+            ended = {r: w.exit_status() for r, w in self.workers.items() if r in pending}
+            exited = {r: status for r, status in ended.items() if status is not None}
             if exited:
-                named = ", ".join(f"rank {r} (exit code {code})" for r, code in sorted(exited.items()))
+                named = ", ".join(f"rank {r} ({status})" for r, status in sorted(exited.items()))
                 raise DataParallelError(f"{named} exited while rank {self.rank} waited for its {what}")
             if alive is not None and not alive():
                 raise DataParallelError(f"rank {self.rank}: the driver is gone while waiting for {what}")
@@ -139,13 +158,12 @@ class RankGroup:
             pause = min(pause * 2, 0.02)
 
     def close(self) -> None:
-        """Leave the process group; a driver waits for the workers it started (killing them if they hang)."""
-        for process in self.workers.values():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        """Leave the process group; a driver waits for the workers it started (killing them if they
+        hang), then releases what it took for them."""
+        for worker in self.workers.values():
+            worker.finish(30.0)
+        while self.on_close:
+            self.on_close.pop()()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -169,33 +187,65 @@ def _init_group(store: dist.Store, rank: int, world_size: int, timeout_s: float)
     return RankGroup(rank, world_size, dist.PrefixStore("agl", store), timeout_s)
 
 
-def spawn_local_group(world_size: int, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> RankGroup:
-    """Start `world_size - 1` worker processes on this machine and form the group, this process rank 0."""
+WorkerStarter = Callable[[int, dict[str, str]], WorkerHandle]
+"""starter(rank, environment) -> the started worker: runs `main()` of this module (`python -m`)
+with the environment's variables set."""
+
+
+def start_group(
+    world_size: int, start_worker: WorkerStarter, *, address: str = "127.0.0.1", timeout_s: float = DEFAULT_TIMEOUT_S
+) -> RankGroup:
+    """Form a group whose rank 0 is this process: host the store at `address` (where the workers
+    reach this machine) and start ranks 1..world_size-1 with `start_worker`."""
     if world_size < 2:
         raise ValueError(f"a data-parallel group needs at least 2 ranks, got {world_size}")
-    store = dist.TCPStore(
-        "127.0.0.1", 0, world_size, is_master=True, timeout=_timeout(timeout_s), wait_for_workers=False
-    )
-    workers: dict[int, subprocess.Popen[bytes]] = {}
-    for rank in range(1, world_size):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(store.port),
-            "AGL_TRAINER_TIMEOUT_S": str(timeout_s),
-        }
-        workers[rank] = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], env=env)
+    store = dist.TCPStore(address, 0, world_size, is_master=True, timeout=_timeout(timeout_s), wait_for_workers=False)
+    workers: dict[int, WorkerHandle] = {}
     try:
+        for rank in range(1, world_size):
+            environment = {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "MASTER_ADDR": address,
+                "MASTER_PORT": str(store.port),
+                "AGL_TRAINER_TIMEOUT_S": str(timeout_s),
+            }
+            workers[rank] = start_worker(rank, environment)
         group = _init_group(store, 0, world_size, timeout_s)
     except BaseException:
-        for process in workers.values():
-            process.kill()
+        for worker in workers.values():
+            worker.finish(0.0)
         raise
     group.workers = workers
     return group
+
+
+@dataclass
+class _LocalProcess:
+    """A worker rank in a child process of this one."""
+
+    process: subprocess.Popen[bytes]
+
+    def exit_status(self) -> str | None:
+        code = self.process.poll()
+        return None if code is None else f"exit code {code}"
+
+    def finish(self, timeout_s: float) -> None:
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _start_local_process(rank: int, environment: dict[str, str]) -> WorkerHandle:
+    return _LocalProcess(subprocess.Popen([sys.executable, "-m", WORKER_MODULE], env={**os.environ, **environment}))
+
+
+def spawn_local_group(world_size: int, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> RankGroup:
+    """Start `world_size - 1` worker processes on this machine and form the group, this process rank 0."""
+    return start_group(world_size, _start_local_process, timeout_s=timeout_s)
 
 
 def launched_rank() -> int | None:
@@ -280,6 +330,8 @@ class _Replica:
     def __init__(self, client: TrainingClient, group: RankGroup) -> None:
         self.client = client
         self.group = group
+        self.communication_s = 0.0
+        """Seconds spent meeting the other ranks and summing gradients (waiting for the slowest included)."""
 
     def scored(self, data: list[Datum], loss_fn: str | None, loss_fn_config: dict[str, Any] | None) -> _Share:
         """This rank's share of a forward_backward, with gradients (nothing for an empty share)."""
@@ -302,6 +354,7 @@ class _Replica:
             if self.group.rank != 0:
                 raise _CallAbandoned(f"call {call} failed here: {error!r}") from error
             raise
+        began = time.perf_counter()
         try:
             self.meet(call, "gradients")
         except DataParallelError:
@@ -310,6 +363,7 @@ class _Replica:
         summed = _flat_gradients(self.client)
         dist.all_reduce(summed)
         _set_flat_gradients(self.client, before + summed)
+        self.communication_s += time.perf_counter() - began
         return result
 
     def meet(self, call: int, what: str, error: BaseException | None = None) -> None:
@@ -414,16 +468,20 @@ class DataParallelTrainingClient(TrainingClient):
         call = self._next_call()
         self._tell(call, "forward_backward", lambda rank: ([data[i] for i in shards[rank]], loss_fn, loss_fn_config))
         own = [data[i] for i in shards[0]]
+        self._replica.communication_s = 0.0
         metrics, own_outputs = self._replica.summed(call, lambda: self._replica.scored(own, loss_fn, loss_fn_config))
         shares = {0: own_outputs}
+        began = time.perf_counter()
         for rank, (rank_metrics, rank_outputs) in sorted(self._await_workers(call, "forward_backward").items()):
             metrics.merge(rank_metrics)
             shares[rank] = rank_outputs
+        communication_s = self._replica.communication_s + time.perf_counter() - began
         outputs: list[dict[str, torch.Tensor]] = [{} for _ in data]
         for rank, rank_outputs in shares.items():
             for index, output in zip(shards[rank], rank_outputs, strict=True):
                 outputs[index] = output
-        return ForwardBackwardOutput(outputs, metrics.result({"time_s": time.perf_counter() - start}))
+        timing = {"time_s": time.perf_counter() - start, COMMUNICATION_KEY: communication_s}
+        return ForwardBackwardOutput(outputs, metrics.result(timing))
 
     def _custom_impl(self, data: Sequence[Datum], fn: CustomLossFn) -> ForwardBackwardOutput:
         # A custom loss may couple its datums (DPO pairs them), so the driver computes all of it and

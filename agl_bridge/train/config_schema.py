@@ -280,6 +280,10 @@ class LoraSection(Section):
             )
 
 
+TrainerLaunch = Literal["processes", "ray"]
+"""Where a run starts its trainer's worker ranks: processes on this machine, or Ray tasks."""
+
+
 @dataclass
 class RanksSection(Section):
     """How many processes train: data-parallel ranks of the trainer (docs/scaling.md)."""
@@ -287,10 +291,12 @@ class RanksSection(Section):
     RUNS: ClassVar[tuple[RunKind, ...]] = EVERY_RUN
 
     trainer_ranks: int = 1
+    trainer_launch: TrainerLaunch = "processes"
     trainer_timeout_s: float = 600.0
 
     def _check_ranks(self, config: GRPOConfig) -> None:
         check_positive(self, ("trainer_ranks",))
+        check_choice("trainer_launch", self.trainer_launch, TrainerLaunch)
         timeout = self.trainer_timeout_s
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < math.inf:
             raise ConfigError(f"trainer_timeout_s must be a number of seconds > 0, got {timeout!r}")

@@ -84,7 +84,7 @@ def run_client(
     """The TrainingClient of a run config (its LoRA, seed and memory bound), publishing to `sampler` if given.
 
     With `trainer_ranks` > 1 it drives a data-parallel group (docs/scaling.md): the ranks a launcher
-    (torchrun) started, or worker processes it starts on this machine.
+    (torchrun) started, or workers it starts — processes on this machine, or Ray tasks.
     """
     settings: dict[str, Any] = {
         "base_model": model_path,
@@ -103,14 +103,25 @@ def run_client(
 
 def rank_group(config: GRPOConfig) -> RankGroup:
     """The data-parallel group of a run: joined from a launcher's environment (its size must be
-    `trainer_ranks`), else `trainer_ranks` processes started here."""
+    `trainer_ranks`), else `trainer_ranks` ranks started as `trainer_launch` says."""
     if launched_rank() is None:
+        if config.trainer_launch == "ray":
+            from agl_bridge.train.ray_ranks import ray_rank_group
+
+            return ray_rank_group(
+                config.trainer_ranks, timeout_s=config.trainer_timeout_s, ray_address=config.ray_address
+            )
         return spawn_local_group(config.trainer_ranks, timeout_s=config.trainer_timeout_s)
     world_size = int(os.environ["WORLD_SIZE"])
     if world_size != config.trainer_ranks:
         raise ConfigError(
             f"the launcher started {world_size} ranks but trainer_ranks is {config.trainer_ranks}; "
             f"set trainer_ranks = {world_size} or start {config.trainer_ranks} (torchrun --nproc-per-node)"
+        )
+    if config.trainer_launch != "processes":
+        raise ConfigError(
+            f'trainer_launch = "{config.trainer_launch}" but a launcher (torchrun) started the ranks; '
+            "remove trainer_launch when launching with torchrun"
         )
     return join_group_from_env(timeout_s=config.trainer_timeout_s)
 

@@ -16,6 +16,7 @@ from agl_bridge.convert import write_trajectories
 from agl_bridge.testing.proxy_process import child_env
 from agl_bridge.train.run_log import read_metrics
 
+pytest.importorskip("ray", reason="the Ray launch of the ranks needs Ray: pip install 'agl-bridge[ray]'")
 pytestmark = pytest.mark.slow
 
 COMPARED = ("loss", "grad_norm", "ratio_mean", "logprob_diff_abs_max", "entropy_mean")
@@ -68,6 +69,7 @@ def test_two_ranks_log_the_one_rank_runs_metrics(tmp_path: Path, tiny_model_dir:
         "one": (CLI, {}),
         "spawned": (CLI, {"trainer_ranks": 2}),
         "torchrun": (TORCHRUN, {"trainer_ranks": 2}),
+        "ray": (CLI, {"trainer_ranks": 2, "trainer_launch": "ray"}),
     }
     steps = {}
     for name, (command, keys) in runs.items():
@@ -76,7 +78,7 @@ def test_two_ranks_log_the_one_rank_runs_metrics(tmp_path: Path, tiny_model_dir:
         steps[name] = _steps(tmp_path / name)
     expected = steps["one"]
     assert [r["step"] for r in expected] == [1, 2] and all(r["datums"] for r in expected)
-    for name in ("spawned", "torchrun"):
+    for name in ("spawned", "torchrun", "ray"):
         assert [r["datums"] for r in steps[name]] == [r["datums"] for r in expected], name
         for got, want in zip(steps[name], expected, strict=True):
             for key in COMPARED:
