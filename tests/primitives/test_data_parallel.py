@@ -1,13 +1,15 @@
 """Data-parallel training on 2 CPU ranks (gloo) gives one process's numbers, and fails by name.
 
-Each test starts a real group: this process is rank 0 and a worker process is rank 1
-(`spawn_local_group`), on the tiny model.
+Each test but the first starts a real group: this process is rank 0 and a worker process is rank 1
+(`spawn_local_group`), on the tiny model — slow (a worker imports torch and loads the model).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +19,11 @@ from agl_bridge.primitives import AdamParams, Datum, TrainingClient
 from agl_bridge.primitives.data_parallel import (
     DataParallelError,
     DataParallelTrainingClient,
+    WorkerHandle,
+    _LocalProcess,
     shard_by_tokens,
     spawn_local_group,
+    start_group,
 )
 from tests.datum_helpers import random_sequences, rl_batch
 
@@ -64,6 +69,7 @@ def test_shards_balance_tokens_and_keep_every_datum_once() -> None:
         shard_by_tokens([1], 0)
 
 
+@pytest.mark.slow
 def test_two_ranks_give_one_process_loss_gradients_and_next_weights(tiny_model_dir: Path) -> None:
     single = TrainingClient(str(tiny_model_dir), lora_rank=8, device="cpu", seed=3)
     mirrored = TrainingClient(str(tiny_model_dir), lora_rank=8, device="cpu", seed=3)
@@ -104,6 +110,7 @@ def test_two_ranks_give_one_process_loss_gradients_and_next_weights(tiny_model_d
     assert [worker.exit_status() for worker in driver.group.workers.values()] == ["exit code 0"]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_loads_on_any_rank_count(tiny_model_dir: Path, tmp_path: Path) -> None:
     single = TrainingClient(str(tiny_model_dir), lora_rank=8, device="cpu", seed=3)
     try:
@@ -125,6 +132,7 @@ def test_a_checkpoint_loads_on_any_rank_count(tiny_model_dir: Path, tmp_path: Pa
         driver.close()
 
 
+@pytest.mark.slow
 def test_a_bad_call_is_refused_before_any_rank_starts_and_the_group_goes_on(tiny_model_dir: Path) -> None:
     driver = _driver(tiny_model_dir)
     try:
@@ -138,6 +146,7 @@ def test_a_bad_call_is_refused_before_any_rank_starts_and_the_group_goes_on(tiny
         driver.close()
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_mid_run_is_named_not_waited_for(tiny_model_dir: Path) -> None:
     driver = _driver(tiny_model_dir)
     try:
@@ -148,3 +157,40 @@ def test_a_rank_that_dies_mid_run_is_named_not_waited_for(tiny_model_dir: Path) 
             driver.forward_backward(_sft_batch(), "cross_entropy")
     finally:
         driver.close()
+
+
+@pytest.mark.slow
+def test_a_hung_rank_is_named_after_the_timeout(tiny_model_dir: Path) -> None:
+    driver = _driver(tiny_model_dir, timeout_s=60.0)
+    worker = driver.group.workers[1].process  # type: ignore[attr-defined]  # a local process
+    try:
+        driver.group.timeout_s = 3.0  # the replica is built; now a short wait shows the naming
+        os.kill(worker.pid, signal.SIGSTOP)
+        with pytest.raises(DataParallelError, match=r"rank 1 did not report .* within 3 s \(trainer_timeout_s\)"):
+            driver.forward_backward(_sft_batch(), "cross_entropy")
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        driver.close()
+
+
+WORKER_WITH_ANOTHER_CONFIG = """
+from agl_bridge.primitives.data_parallel import join_group_from_env, serve_worker
+group = join_group_from_env()
+try:
+    serve_worker(group, config_digest="another-config")
+finally:
+    group.close()
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_with_another_run_config_is_refused_by_name(tiny_model_dir: Path) -> None:
+    def start(rank: int, environment: dict[str, str]) -> WorkerHandle:
+        command = [sys.executable, "-c", WORKER_WITH_ANOTHER_CONFIG]
+        return _LocalProcess(subprocess.Popen(command, env={**os.environ, **environment}))
+
+    group = start_group(2, start, timeout_s=120.0)
+    with pytest.raises(DataParallelError, match="rank 1's run config differs from rank 0's"):
+        DataParallelTrainingClient(group, config_digest="this-config", base_model=str(tiny_model_dir), device="cpu")
+    assert group.workers[1].exit_status() == "exit code 0", "the refused rank was stopped, not left behind"
