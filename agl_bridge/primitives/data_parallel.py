@@ -177,6 +177,13 @@ def _backend() -> str:
 
 
 def _init_group(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> RankGroup:
+    if torch.cuda.is_available():  # each rank on its own GPU: NCCL's collectives run there
+        local_rank, gpus = int(os.environ.get("LOCAL_RANK", rank)), torch.cuda.device_count()
+        if local_rank >= gpus:
+            raise DataParallelError(
+                f"rank {rank} needs GPU {local_rank} of its node, which has {gpus}; start at most {gpus} ranks a node"
+            )
+        torch.cuda.set_device(local_rank)
     dist.init_process_group(
         _backend(),
         store=dist.PrefixStore("pg", store),
@@ -406,6 +413,8 @@ class DataParallelTrainingClient(TrainingClient):
             self._run(self._broadcast_weights)
         except BaseException:
             self._tell(self._next_call(), _STOP)
+            if hasattr(self, "_executor"):
+                TrainingClient.close(self)
             group.close()
             raise
 
@@ -542,7 +551,7 @@ def serve_worker(group: RankGroup, *, config_digest: str | None = None) -> None:
     driver_alive = _driver_watch()
     client_args = group.take("client", forever=True, alive=driver_alive)
     if client_args.get("device") is None and torch.cuda.is_available():
-        client_args["device"] = f"cuda:{os.environ.get('LOCAL_RANK', group.rank)}"
+        client_args["device"] = f"cuda:{torch.cuda.current_device()}"
     try:
         client = TrainingClient(**client_args)
     except Exception as error:
