@@ -16,8 +16,9 @@ collective's timeout would fire there. A collective (the all-reduce, a weight br
 once every rank has said it is at it, so a rank that died or hangs is named after `timeout_s`, not
 waited for forever.
 
-Launch: `spawn_local_group` (the driver starts its workers on this machine), or `join_group_from_env`
-under torchrun, one node or several (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); see docs/scaling.md.
+Launch: `spawn_local_group` (the driver starts its workers on this machine), `start_group` with
+another starter (`agl_bridge.train.ray_ranks`: Ray tasks), or `join_group_from_env` under torchrun,
+one node or several (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); see docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -609,7 +610,7 @@ def _driver_watch() -> Callable[[], bool]:
 
 
 def main() -> None:
-    """A worker rank started by `spawn_local_group`."""
+    """A worker rank started by `start_group` (a local process, a Ray task): join, serve, leave."""
     group = join_group_from_env()
     try:
         serve_worker(group)
