@@ -23,10 +23,13 @@ one node or several (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); see docs/scali
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
+import hmac
+import io
 import os
-import pickle
+import secrets
 import subprocess
 import sys
 import time
@@ -38,6 +41,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 import torch.distributed as dist
 
+from agl_bridge.primitives.checkpoint import ModelIdentity
 from agl_bridge.primitives.client import (
     AdamParams,
     CustomLossFn,
@@ -86,6 +90,51 @@ def shard_by_tokens(lengths: Sequence[int], world_size: int) -> list[list[int]]:
     return [sorted(shard) for shard in shards]
 
 
+SECRET_ENV = "AGL_TRAINER_SECRET"
+"""The variable that gives a rank its group's key: set by the launches here; under torchrun, set it
+(the same random value) on every node, or the ranks trust whoever can reach the store's port."""
+
+
+def _seal(secret: bytes, key: str, value: object) -> bytes:
+    """`value` as torch's safe format, signed with the group's key for `key` (no replay under another key)."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    payload = buffer.getvalue()
+    return hmac.new(secret, key.encode() + payload, hashlib.sha256).digest() + payload
+
+
+def _open(secret: bytes, key: str, sealed: bytes) -> Any:
+    """The value of a sealed message: its signature checked, then read with ``weights_only=True``
+    (plain data and tensors; nothing in it is code, whoever wrote it)."""
+    signature, payload = sealed[:32], sealed[32:]
+    expected = hmac.new(secret, key.encode() + payload, hashlib.sha256).digest()
+    if not hmac.compare_digest(signature, expected):
+        raise DataParallelError(
+            f"the message under {key!r} is not signed with this group's key: something other than its ranks "
+            f"wrote to the group's store (or a rank has another {SECRET_ENV})"
+        )
+    return torch.load(io.BytesIO(payload), weights_only=True)
+
+
+def _failed(error: BaseException) -> dict[str, str]:
+    """A worker's answer when its part of a call raised."""
+    return {"failed": repr(error)}
+
+
+def _failure(answer: object) -> str | None:
+    """What a worker's answer says went wrong, or None if it is not a failure."""
+    return answer["failed"] if isinstance(answer, dict) and set(answer) == {"failed"} else None
+
+
+def _datum_state(datum: Datum) -> dict[str, Any]:
+    """A datum as plain data (a numpy array becomes a list: only tensors and plain data travel)."""
+    inputs = {
+        name: value if isinstance(value, torch.Tensor) or not hasattr(value, "tolist") else value.tolist()
+        for name, value in datum.loss_fn_inputs.items()
+    }
+    return {"model_input": list(datum.model_input), "loss_fn_inputs": inputs}
+
+
 class WorkerHandle(Protocol):
     """A worker rank a driver started (a local process, a Ray task): whether it ended, and how to end it."""
 
@@ -110,10 +159,12 @@ class RankGroup:
     timeout_s: float = DEFAULT_TIMEOUT_S
     workers: dict[int, WorkerHandle] = field(default_factory=dict)
     on_close: list[Callable[[], None]] = field(default_factory=list)
+    secret: bytes = b""
+    """The group's key: every message is signed with it (see `_seal`)."""
 
     def post(self, key: str, value: object) -> None:
-        """Publish `value` under `key` for another rank to take."""
-        self.store.set(key, pickle.dumps(value))  # type: ignore[arg-type]  # the binding takes bytes; its stub says str
+        """Publish `value` (plain data and tensors only) under `key` for another rank to take."""
+        self.store.set(key, _seal(self.secret, key, value))  # type: ignore[arg-type]  # the binding takes bytes
 
     def take(self, key: str, *, forever: bool = False, alive: Callable[[], bool] | None = None) -> Any:
         """The value posted under `key`, removed from the store; wait up to `timeout_s` (or, with
@@ -137,7 +188,7 @@ class RankGroup:
         while True:
             for rank, key in list(pending.items()):
                 if self.store.check([key]):
-                    values[rank] = pickle.loads(self.store.get(key))
+                    values[rank] = _open(self.secret, key, self.store.get(key))
                     self.store.delete_key(key)
                     del pending[rank]
             if not pending:
@@ -177,7 +228,7 @@ def _backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def _init_group(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> RankGroup:
+def _init_group(store: dist.Store, rank: int, world_size: int, timeout_s: float, secret: str) -> RankGroup:
     if torch.cuda.is_available():  # each rank on its own GPU: NCCL's collectives run there
         local_rank, gpus = int(os.environ.get("LOCAL_RANK", rank)), torch.cuda.device_count()
         if local_rank >= gpus:
@@ -192,7 +243,7 @@ def _init_group(store: dist.Store, rank: int, world_size: int, timeout_s: float)
         world_size=world_size,
         timeout=_timeout(timeout_s),
     )
-    return RankGroup(rank, world_size, dist.PrefixStore("agl", store), timeout_s)
+    return RankGroup(rank, world_size, dist.PrefixStore("agl", store), timeout_s, secret=secret.encode())
 
 
 WorkerStarter = Callable[[int, dict[str, str]], WorkerHandle]
@@ -208,6 +259,7 @@ def start_group(
     if world_size < 2:
         raise ValueError(f"a data-parallel group needs at least 2 ranks, got {world_size}")
     store = dist.TCPStore(address, 0, world_size, is_master=True, timeout=_timeout(timeout_s), wait_for_workers=False)
+    secret = secrets.token_hex(32)
     workers: dict[int, WorkerHandle] = {}
     try:
         for rank in range(1, world_size):
@@ -218,9 +270,10 @@ def start_group(
                 "MASTER_ADDR": address,
                 "MASTER_PORT": str(store.port),
                 "AGL_TRAINER_TIMEOUT_S": str(timeout_s),
+                SECRET_ENV: secret,
             }
             workers[rank] = start_worker(rank, environment)
-        group = _init_group(store, 0, world_size, timeout_s)
+        group = _init_group(store, 0, world_size, timeout_s, secret)
     except BaseException:
         for worker in workers.values():
             worker.finish(0.0)
@@ -281,7 +334,7 @@ def join_group_from_env(*, timeout_s: float | None = None) -> RankGroup:
         is_master=hosts_store,
         timeout=_timeout(timeout),
     )
-    return _init_group(store, rank, world_size, timeout)
+    return _init_group(store, rank, world_size, timeout, os.environ.get(SECRET_ENV, ""))
 
 
 # ---------------------------------------------------------------------------------- the replicas
@@ -316,13 +369,6 @@ def _broadcast_trainable(client: TrainingClient) -> None:
     with torch.no_grad():
         for param in client.trainable_parameters():
             dist.broadcast(param.data, src=0)
-
-
-@dataclass(frozen=True)
-class _Failed:
-    """A worker's answer when its part of a call raised: what it raised."""
-
-    reason: str
 
 
 class _CallAbandoned(DataParallelError):
@@ -379,17 +425,17 @@ class _Replica:
         it cannot hang; a rank's `error` fails the call on every rank."""
         group = self.group
         if group.rank != 0:
-            group.post(f"at/{call}/{group.rank}", None if error is None else _Failed(repr(error)))
+            group.post(f"at/{call}/{group.rank}", None if error is None else _failed(error))
             if not group.take(f"go/{call}") and error is None:
                 raise _CallAbandoned(f"call {call} failed on another rank")
             return
         others = {rank: f"at/{call}/{rank}" for rank in range(1, group.world_size)}
         answers = group.take_all(others, what=f"arrival at the {what} all-reduce of call {call}")
-        failed = {rank: answer for rank, answer in sorted(answers.items()) if isinstance(answer, _Failed)}
+        failed = {rank: _failure(answer) for rank, answer in sorted(answers.items()) if _failure(answer)}
         group.post(f"go/{call}", error is None and not failed)
         if failed and error is None:
-            rank, answer = next(iter(failed.items()))
-            raise DataParallelError(f"rank {rank} failed its share of call {call}: {answer.reason}")
+            rank, reason = next(iter(failed.items()))
+            raise DataParallelError(f"rank {rank} failed its share of call {call}: {reason}")
 
 
 class DataParallelTrainingClient(TrainingClient):
@@ -428,9 +474,9 @@ class DataParallelTrainingClient(TrainingClient):
         workers = {rank: f"hello/{rank}" for rank in range(1, self._group.world_size)}
         mine = replace(self.identity, base_model="")  # the same files may sit at another path on another node
         for rank, hello in sorted(self._group.take_all(workers, what="model replica (hello)").items()):
-            if isinstance(hello, _Failed):
-                raise DataParallelError(f"rank {rank} could not build its replica: {hello.reason}")
-            if replace(hello["identity"], base_model="") != mine:
+            if _failure(hello):
+                raise DataParallelError(f"rank {rank} could not build its replica: {_failure(hello)}")
+            if replace(ModelIdentity(**hello["identity"]), base_model="") != mine:
                 raise DataParallelError(
                     f"rank {rank} built a different model or LoRA ({hello['identity']}) from rank 0's "
                     f"({self.identity}); every rank must see the same model files"
@@ -457,8 +503,8 @@ class DataParallelTrainingClient(TrainingClient):
             {rank: f"done/{call}/{rank}" for rank in range(1, self._group.world_size)}, what=what
         )
         for rank, answer in sorted(answers.items()):
-            if isinstance(answer, _Failed):
-                raise DataParallelError(f"rank {rank} failed {what}: {answer.reason}")
+            if _failure(answer):
+                raise DataParallelError(f"rank {rank} failed {what}: {_failure(answer)}")
         return answers
 
     def _broadcast_weights(self) -> None:
@@ -476,14 +522,18 @@ class DataParallelTrainingClient(TrainingClient):
         self._prepare(data, loss_fn, loss_fn_config)  # a bad call is refused here, before any rank starts it
         shards = shard_by_tokens([datum.num_tokens for datum in data], self._group.world_size)
         call = self._next_call()
-        self._tell(call, "forward_backward", lambda rank: ([data[i] for i in shards[rank]], loss_fn, loss_fn_config))
+        self._tell(
+            call,
+            "forward_backward",
+            lambda rank: ([_datum_state(data[i]) for i in shards[rank]], loss_fn, loss_fn_config),
+        )
         own = [data[i] for i in shards[0]]
         self._replica.communication_s = 0.0
         metrics, own_outputs = self._replica.summed(call, lambda: self._replica.scored(own, loss_fn, loss_fn_config))
         shares = {0: own_outputs}
         began = time.perf_counter()
         for rank, (rank_metrics, rank_outputs) in sorted(self._await_workers(call, "forward_backward").items()):
-            metrics.merge(rank_metrics)
+            metrics.merge(StepMetrics.from_state(rank_metrics))
             shares[rank] = rank_outputs
         communication_s = self._replica.communication_s + time.perf_counter() - began
         outputs: list[dict[str, torch.Tensor]] = [{} for _ in data]
@@ -503,10 +553,11 @@ class DataParallelTrainingClient(TrainingClient):
         return output
 
     def _optim_impl(self, params: AdamParams) -> OptimStepOutput:
-        if isinstance(params, AdamParams):
-            params.validate()  # refused here, before any rank steps
+        if not isinstance(params, AdamParams):
+            raise TypeError(f"optim_step takes AdamParams, got {type(params).__name__}")
+        params.validate()  # refused here, before any rank steps
         call = self._next_call()
-        self._tell(call, "optim_step", (params,))
+        self._tell(call, "optim_step", (dataclasses.asdict(params),))
         try:
             output = super()._optim_impl(params)
         except Exception:
@@ -556,9 +607,10 @@ def serve_worker(group: RankGroup, *, config_digest: str | None = None) -> None:
     try:
         client = TrainingClient(**client_args)
     except Exception as error:
-        group.post(f"hello/{group.rank}", _Failed(repr(error)))  # the driver names this rank and stops
+        group.post(f"hello/{group.rank}", _failed(error))  # the driver names this rank and stops
         raise
-    group.post(f"hello/{group.rank}", {"identity": client.identity, "config_digest": config_digest})
+    identity = dataclasses.asdict(client.identity)
+    group.post(f"hello/{group.rank}", {"identity": identity, "config_digest": config_digest})
     replica = _Replica(client, group)
     call = 0
     try:
@@ -579,17 +631,19 @@ def _serve_call(replica: _Replica, call: int, op: str, args: tuple[Any, ...]) ->
         replica.meet(call, "weights")
         _broadcast_trainable(client)
     elif op == "forward_backward":
+        states, loss_fn, loss_fn_config = args
+        data = [Datum(**state) for state in states]
         try:
-            share = replica.summed(call, lambda: replica.scored(*args))
+            metrics, outputs = replica.summed(call, lambda: replica.scored(data, loss_fn, loss_fn_config))
         except _CallAbandoned as abandoned:  # the driver reports it; the next call may succeed
             print(f"[agl_bridge rank {group.rank}] {abandoned}", file=sys.stderr)
             return
-        group.post(done, share)
+        group.post(done, (metrics.state(), outputs))
     elif op == "optim_step":
         try:
-            client._optim_impl(*args)
+            client._optim_impl(AdamParams(**args[0]))
         except Exception as error:  # the driver's step fails the same way (identical gradients)
-            group.post(done, _Failed(repr(error)))
+            group.post(done, _failed(error))
             return
         group.post(done, _weights_digest(client))
     elif op == "zero_grad":

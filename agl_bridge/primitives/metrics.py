@@ -9,6 +9,7 @@ match what the trainer scores (wrong template, truncation, stale weights, a dtyp
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -95,6 +96,20 @@ class StepMetrics:
         """Add per-token metric values; each is reported as its mean over active tokens."""
         for name, tensor in values.items():
             self._sums[name] = self._sums.get(name, 0.0) + float(tensor.detach()[active].double().sum())
+
+    def state(self) -> dict[str, Any]:
+        """The accumulated sums as plain data and tensors (what another rank sends; see `from_state`)."""
+        return dict(vars(self))
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> StepMetrics:
+        """The metrics another rank accumulated, from its `state()`."""
+        metrics = cls()
+        unknown = set(state) - set(vars(metrics))
+        if unknown:
+            raise ValueError(f"not a StepMetrics state: unknown fields {sorted(unknown)}")
+        vars(metrics).update(state)
+        return metrics
 
     def merge(self, other: StepMetrics) -> None:
         """Add another share of the same call (another rank's datums): the result is the whole call's."""

@@ -19,6 +19,7 @@ from agl_bridge.primitives import AdamParams, Datum, TrainingClient
 from agl_bridge.primitives.data_parallel import (
     DataParallelError,
     DataParallelTrainingClient,
+    RankGroup,
     WorkerHandle,
     _LocalProcess,
     shard_by_tokens,
@@ -194,3 +195,14 @@ def test_a_rank_with_another_run_config_is_refused_by_name(tiny_model_dir: Path)
     with pytest.raises(DataParallelError, match="rank 1's run config differs from rank 0's"):
         DataParallelTrainingClient(group, config_digest="this-config", base_model=str(tiny_model_dir), device="cpu")
     assert group.workers[1].exit_status() == "exit code 0", "the refused rank was stopped, not left behind"
+
+
+def test_a_message_not_signed_with_the_groups_key_is_refused() -> None:
+    store = torch.distributed.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    ours = RankGroup(0, 2, store, timeout_s=5.0, secret=b"our key")
+    outsider = RankGroup(0, 2, store, timeout_s=5.0, secret=b"guessed")
+    ours.post("call/1/1", ("forward_backward", ([{"model_input": [1, 2]}], "ppo", {"clip": 0.2})))
+    assert ours.take("call/1/1") == ("forward_backward", ([{"model_input": [1, 2]}], "ppo", {"clip": 0.2}))
+    outsider.post("call/2/1", ("optim_step", ({"learning_rate": 1.0},)))
+    with pytest.raises(DataParallelError, match="not signed with this group's key"):
+        ours.take("call/2/1")
