@@ -166,6 +166,10 @@ class RankGroup:
         """Publish `value` (plain data and tensors only) under `key` for another rank to take."""
         self.store.set(key, _seal(self.secret, key, value))  # type: ignore[arg-type]  # the binding takes bytes
 
+    def worker_keys(self, prefix: str) -> dict[int, str]:
+        """Each worker rank's key under `prefix` (``prefix/rank``): where its answer is posted."""
+        return {rank: f"{prefix}/{rank}" for rank in range(1, self.world_size)}
+
     def take(self, key: str, *, forever: bool = False, alive: Callable[[], bool] | None = None) -> Any:
         """The value posted under `key`, removed from the store; wait up to `timeout_s` (or, with
         `forever`, while `alive()` holds) — else DataParallelError."""
@@ -429,8 +433,9 @@ class _Replica:
             if not group.take(f"go/{call}") and error is None:
                 raise _CallAbandoned(f"call {call} failed on another rank")
             return
-        others = {rank: f"at/{call}/{rank}" for rank in range(1, group.world_size)}
-        answers = group.take_all(others, what=f"arrival at the {what} all-reduce of call {call}")
+        answers = group.take_all(
+            group.worker_keys(f"at/{call}"), what=f"arrival at the {what} all-reduce of call {call}"
+        )
         failed = {rank: _failure(answer) for rank, answer in sorted(answers.items()) if _failure(answer)}
         group.post(f"go/{call}", error is None and not failed)
         if failed and error is None:
@@ -471,9 +476,10 @@ class DataParallelTrainingClient(TrainingClient):
         return self._group
 
     def _check_workers(self, config_digest: str | None) -> None:
-        workers = {rank: f"hello/{rank}" for rank in range(1, self._group.world_size)}
         mine = replace(self.identity, base_model="")  # the same files may sit at another path on another node
-        for rank, hello in sorted(self._group.take_all(workers, what="model replica (hello)").items()):
+        for rank, hello in sorted(
+            self._group.take_all(self._group.worker_keys("hello"), what="model replica (hello)").items()
+        ):
             if _failure(hello):
                 raise DataParallelError(f"rank {rank} could not build its replica: {_failure(hello)}")
             if replace(ModelIdentity(**hello["identity"]), base_model="") != mine:
@@ -499,9 +505,7 @@ class DataParallelTrainingClient(TrainingClient):
     def _await_workers(self, call: int, what: str) -> dict[int, Any]:
         """Each worker's answer to call `call`; DataParallelError naming a rank that failed it (its
         answer is then the error's text)."""
-        answers = self._group.take_all(
-            {rank: f"done/{call}/{rank}" for rank in range(1, self._group.world_size)}, what=what
-        )
+        answers = self._group.take_all(self._group.worker_keys(f"done/{call}"), what=what)
         for rank, answer in sorted(answers.items()):
             if _failure(answer):
                 raise DataParallelError(f"rank {rank} failed {what}: {_failure(answer)}")
@@ -562,9 +566,7 @@ class DataParallelTrainingClient(TrainingClient):
             output = super()._optim_impl(params)
         except Exception:
             # Every replica failed the same way (identical gradients): take their answers, raise ours.
-            self._group.take_all(
-                {rank: f"done/{call}/{rank}" for rank in range(1, self._group.world_size)}, what="optim_step"
-            )
+            self._group.take_all(self._group.worker_keys(f"done/{call}"), what="optim_step")
             raise
         mine = _weights_digest(self)
         for rank, digest in sorted(self._await_workers(call, "optim_step").items()):
