@@ -23,21 +23,26 @@ class MicroBatch:
     has_logprobs: torch.Tensor
 
 
-def micro_batches(tensors: list[DatumTensors], max_batch_tokens: int, device: torch.device) -> list[MicroBatch]:
-    """The datums in order, cut so each batch's longest row × its rows stays within `max_batch_tokens`
-    (a datum longer than that goes alone)."""
+def batch_groups(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
+    """The indices of each micro-batch, in order: cut so each batch's longest row × its rows stays
+    within `max_batch_tokens` (a datum longer than that goes alone)."""
     groups: list[list[int]] = []
     current: list[int] = []
     longest = 0
-    for index, datum in enumerate(tensors):
-        length = datum.input_ids.numel()
+    for index, length in enumerate(lengths):
         if current and max(longest, length) * (len(current) + 1) > max_batch_tokens:
             groups.append(current)
             current, longest = [], 0
         current.append(index)
         longest = max(longest, length)
     groups.append(current)
-    return [collate(tensors, group, device) for group in groups]
+    return groups
+
+
+def micro_batches(tensors: list[DatumTensors], max_batch_tokens: int, device: torch.device) -> list[MicroBatch]:
+    """The datums in order, right-padded into the micro-batches `batch_groups` cuts."""
+    lengths = [datum.input_ids.numel() for datum in tensors]
+    return [collate(tensors, group, device) for group in batch_groups(lengths, max_batch_tokens)]
 
 
 def collate(tensors: list[DatumTensors], indices: list[int], device: torch.device) -> MicroBatch:

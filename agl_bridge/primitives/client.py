@@ -243,14 +243,7 @@ class TrainingClient:
             target_modules=tuple(adapted),
             train_unembedding=self._train_unembedding,
         )
-        defaults = AdamParams()
-        self._optimizer = torch.optim.AdamW(
-            self._params,
-            lr=defaults.learning_rate,
-            betas=(defaults.beta1, defaults.beta2),
-            eps=defaults.eps,
-            weight_decay=defaults.weight_decay,
-        )
+        self._optimizer = self._new_optimizer()
         self._step = 0
         self._sampler = sampler
         self._owns_sampler = False
@@ -586,6 +579,17 @@ class TrainingClient:
 
     # ------------------------------------------------------------------ optimizer
 
+    def _new_optimizer(self) -> torch.optim.AdamW:
+        """AdamW over the trained parameters, at AdamParams' defaults (each step sets its own)."""
+        defaults = AdamParams()
+        return torch.optim.AdamW(
+            self._params,
+            lr=defaults.learning_rate,
+            betas=(defaults.beta1, defaults.beta2),
+            eps=defaults.eps,
+            weight_decay=defaults.weight_decay,
+        )
+
     def _optim_impl(self, params: AdamParams) -> OptimStepOutput:
         if not isinstance(params, AdamParams):
             raise TypeError(f"optim_step takes AdamParams, got {type(params).__name__}")
@@ -614,15 +618,23 @@ class TrainingClient:
 
     # ------------------------------------------------------------------ checkpoints
 
+    def _peft_state(self) -> dict[str, torch.Tensor]:
+        """The trained tensors, whole, keyed as peft saves them (a sharded client gathers them here)."""
+        return get_peft_model_state_dict(self._model)
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's state dict, whole (a sharded client gathers it here)."""
+        return self._optimizer.state_dict()
+
     def _adapter_state(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().to("cpu").contiguous().clone() for k, v in get_peft_model_state_dict(self._model).items()}
+        return {k: v.detach().to("cpu").contiguous().clone() for k, v in self._peft_state().items()}
 
     def _save_state_impl(self, path: Path) -> str:
         return save_state_directory(
             path,
             adapter=self._adapter_state(),
             peft_config=self._model.peft_config["default"],
-            optimizer_state=self._optimizer.state_dict(),
+            optimizer_state=self._optimizer_state(),
             step=self._step,
             identity=self._identity,
         )
@@ -632,12 +644,19 @@ class TrainingClient:
         state = read_state_directory(path, self._identity, expected, self._device, optimizer=optimizer)
         # Everything is read and checked; only now touch the live state.
         self._optimizer.zero_grad(set_to_none=True)
-        set_peft_model_state_dict(self._model, state.adapter)
         if state.optimizer_state is not None and state.rng_state is not None:
-            self._optimizer.load_state_dict(state.optimizer_state)
-            self._step = state.step
+            self._apply_state(state.adapter, state.optimizer_state, state.step)
             restore_rng_state(state.rng_state)
+        else:
+            self._apply_state(state.adapter, None, self._step)
         return self._step
+
+    def _apply_state(self, adapter: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None, step: int) -> None:
+        """Load checked checkpoint tensors: the adapter, the optimizer's state if given, the step."""
+        set_peft_model_state_dict(self._model, adapter)
+        if optimizer_state is not None:
+            self._optimizer.load_state_dict(optimizer_state)
+        self._step = step
 
     def _save_weights_impl(self, path: Path) -> str:
         return save_adapter_directory(path, self._adapter_state(), self._model.peft_config["default"])
@@ -664,7 +683,7 @@ class TrainingClient:
         """The adapter in the layout `HFSampler.load_lora` takes (live views: the call blocks until merged)."""
         output_key = f"{PEFT_PREFIX}{self._output_name}.weight"
         state: dict[str, torch.Tensor] = {}
-        for key, value in get_peft_model_state_dict(self._model).items():
+        for key, value in self._peft_state().items():
             if ".lora_A." in key or ".lora_B." in key:
                 state[key] = value.detach()
             elif self._train_unembedding and key == output_key:

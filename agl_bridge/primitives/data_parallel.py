@@ -10,6 +10,15 @@ gradients is the one-process loss and gradient. `forward`, `reference_logprobs`,
 pairs its datums) and checkpoints run on the driver alone; the workers' gradients for a custom loss
 are zero, so the step is still exact.
 
+Sharding. `sharding="fsdp"` shards the model itself with FSDP2 (`torch.distributed.fsdp.fully_shard`,
+one unit per transformer block): each rank holds 1/N of the base weights, the LoRA and the AdamW
+moments, parameters are all-gathered for each block's forward and backward and gradients
+reduce-scattered (summed, as above). Each rank builds its model on the CPU and keeps only its shard
+on the device, so a model that fits the host's memory but not one device trains. Every pass is then
+a collective: `forward` and `reference_logprobs` run on every rank too, a rank with fewer
+micro-batches than the busiest runs empty passes to keep step, sampler syncs and checkpoints gather
+the whole tensors on every rank, and custom losses are refused (their datums are coupled).
+
 Channel. Calls travel through the c10d store the process group is built on, not through
 collectives: a worker waits for the next call as long as the driver spends on rollouts, and a
 collective's timeout would fire there. A collective (the all-reduce, a weight broadcast) starts only
@@ -35,12 +44,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, get_args
 
 import torch
 import torch.distributed as dist
 
+from agl_bridge.primitives.batching import batch_groups
 from agl_bridge.primitives.checkpoint import ModelIdentity
 from agl_bridge.primitives.client import (
     AdamParams,
@@ -49,7 +58,8 @@ from agl_bridge.primitives.client import (
     OptimStepOutput,
     TrainingClient,
 )
-from agl_bridge.primitives.datum import Datum
+from agl_bridge.primitives.datum import TARGET_TOKENS, Datum
+from agl_bridge.primitives.losses import get_loss, resolve_config
 from agl_bridge.primitives.metrics import StepMetrics
 
 T = TypeVar("T")
@@ -63,6 +73,9 @@ WORKER_MODULE = "agl_bridge.primitives.data_parallel"
 """What `spawn_local_group` runs in each worker process (`python -m`)."""
 
 _STOP = "stop"
+
+Sharding = Literal["replicate", "fsdp"]
+"""How a data-parallel group holds the model: a whole replica on every rank, or FSDP2 shards (module docs)."""
 
 COMMUNICATION_KEY = "time_communication_s"
 """The forward_backward metric of a data-parallel call: seconds rank 0 spent meeting the other ranks,
@@ -361,18 +374,94 @@ def _set_flat_gradients(client: TrainingClient, flat: torch.Tensor) -> None:
         offset += count
 
 
-def _weights_digest(client: TrainingClient) -> str:
-    """sha256 of the trained parameters' bytes: replicas that stepped alike have equal digests."""
-    digest = hashlib.sha256()
-    for param in client.trainable_parameters():
-        digest.update(param.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def _broadcast_trainable(client: TrainingClient) -> None:
     with torch.no_grad():
         for param in client.trainable_parameters():
             dist.broadcast(param.data, src=0)
+
+
+def _shard(client: TrainingClient, device: torch.device) -> None:
+    """Shard `client`'s model over the group with FSDP2 (one unit per transformer block, then the
+    rest), move this rank's shard to `device`, and rebuild the optimizer over the sharded LoRA."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    model = client._model
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    blocks = set(getattr(model.get_base_model(), "_no_split_modules", None) or ())
+    for module in [module for module in model.modules() if type(module).__name__ in blocks]:
+        fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)  # a sum over the ranks, as one process computes it
+            module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+    model.to(device)
+    client._device = device
+    client._params = [param for param in model.parameters() if param.requires_grad]
+    client._optimizer = client._new_optimizer()
+
+
+def _whole(tensors: dict[str, Any]) -> dict[str, Any]:
+    """`tensors` with every shard gathered whole (a collective: every rank calls it, in the same order)."""
+    from torch.distributed.tensor import DTensor
+
+    return {key: value.full_tensor() if isinstance(value, DTensor) else value for key, value in tensors.items()}
+
+
+def _whole_optimizer_state(client: TrainingClient) -> dict[str, Any]:
+    state = client._optimizer.state_dict()
+    return {**state, "state": {index: _whole(entry) for index, entry in state["state"].items()}}
+
+
+def _apply_whole_state(
+    client: TrainingClient, adapter: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None
+) -> None:
+    """Load a one-process adapter (and optimizer state) into this rank's shards: each rank cuts its
+    own piece from the whole tensors it holds (no communication)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    params = client._params
+    keys = list(client._peft_state())  # peft's keys, in the order of the trainable parameters
+    if len(keys) != len(params):
+        raise DataParallelError(f"{len(keys)} adapter tensors for {len(params)} trained parameters")
+
+    def piece(whole: torch.Tensor, param: Any) -> Any:
+        whole = whole.to(device=param.device, dtype=param.dtype)
+        return distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
+
+    with torch.no_grad():
+        for key, param in zip(keys, params, strict=True):
+            param.copy_(piece(adapter[key], param))
+    if optimizer_state is not None:
+        state = {
+            index: {
+                name: piece(value, params[int(index)])
+                if isinstance(value, torch.Tensor) and value.shape == params[int(index)].shape
+                else value
+                for name, value in entry.items()
+            }
+            for index, entry in optimizer_state["state"].items()
+        }
+        client._optimizer.load_state_dict({**optimizer_state, "state": state})
+
+
+def _passes(data: Sequence[Datum], max_batch_tokens: int) -> int:
+    """How many micro-batches (forward passes) a client runs for `data`."""
+    return len(batch_groups([datum.num_tokens for datum in data], max_batch_tokens)) if data else 0
+
+
+def _idle_pass(client: TrainingClient, backward: bool, forwards: int) -> None:
+    """A pass over one token that adds nothing: it takes part in the collectives of a sharded pass
+    (`forwards` all-gathers, and with `backward` the reduce-scatter), for a rank with fewer micro-batches."""
+    ids = torch.zeros((1, 1), dtype=torch.long, device=client.device)
+    with torch.set_grad_enabled(backward):
+        logits = client._model(input_ids=ids, use_cache=False).logits
+        for _ in range(forwards - 1):
+            with torch.no_grad():
+                client._model(input_ids=ids, use_cache=False)
+        if backward:
+            (logits.float().sum() * 0).backward()
 
 
 class _CallAbandoned(DataParallelError):
@@ -385,23 +474,49 @@ class _Replica:
     It reaches into the client's step internals on purpose: a replica is the client's own layer.
     """
 
-    def __init__(self, client: TrainingClient, group: RankGroup) -> None:
+    def __init__(self, client: TrainingClient, group: RankGroup, sharding: Sharding) -> None:
         self.client = client
         self.group = group
+        self.sharded = sharding == "fsdp"
         self.communication_s = 0.0
         """Seconds spent meeting the other ranks and summing gradients (waiting for the slowest included)."""
 
-    def scored(self, data: list[Datum], loss_fn: str | None, loss_fn_config: dict[str, Any] | None) -> _Share:
-        """This rank's share of a forward_backward, with gradients (nothing for an empty share)."""
-        if not data:
-            return StepMetrics(), []
-        spec, config, tensors = self.client._prepare(data, loss_fn, loss_fn_config)
-        return self.client._accumulate(tensors, spec, config, True)
+    def scored(
+        self,
+        data: list[Datum],
+        loss_fn: str | None,
+        loss_fn_config: dict[str, Any] | None,
+        backward: bool = True,
+        passes: int = 0,
+    ) -> _Share:
+        """This rank's share of a forward(_backward) (nothing for an empty share); sharded, padded
+        with idle passes to the busiest rank's `passes`."""
+        metrics = StepMetrics()
+        outputs: list[dict[str, torch.Tensor]] = []
+        config = resolve_config(get_loss(loss_fn), loss_fn_config) if loss_fn is not None else {}
+        forwards = 2 if config.get("kl_coef") else 1  # the KL term's reference pass
+        if data:
+            spec, config, tensors = self.client._prepare(data, loss_fn, loss_fn_config)
+            metrics, outputs = self.client._accumulate(tensors, spec, config, backward)
+        for _ in range(passes - _passes(data, self.client._max_batch_tokens)):
+            _idle_pass(self.client, backward, forwards)
+        return metrics, outputs
+
+    def reference(self, data: list[Datum], passes: int) -> list[torch.Tensor]:
+        """This rank's share of a sharded reference_logprobs, padded like `scored`."""
+        logprobs = TrainingClient._reference_impl(self.client, data) if data else []
+        with self.client._model.disable_adapter():
+            for _ in range(passes - _passes(data, self.client._max_batch_tokens)):
+                _idle_pass(self.client, False, 1)
+        return logprobs
 
     def summed(self, call: int, compute: Callable[[], T]) -> T:
         """Run `compute` (which adds this rank's gradients), then sum every rank's new gradients into
         the ones accumulated before it — two calls before an optim_step add up, as on one process.
-        Any rank's failure fails the call on every rank and leaves the gradients as they were."""
+        Any rank's failure fails the call on every rank and leaves the gradients as they were.
+        Sharded, the ranks meet first and the sum is FSDP's reduce-scatter inside `compute`."""
+        if self.sharded:
+            return self._sharded_sum(call, compute)
         before = _flat_gradients(self.client)
         self.client._optimizer.zero_grad(set_to_none=True)
         try:
@@ -422,6 +537,34 @@ class _Replica:
         dist.all_reduce(summed)
         _set_flat_gradients(self.client, before + summed)
         self.communication_s += time.perf_counter() - began
+        return result
+
+    def together(self, call: int, compute: Callable[[], T]) -> T:
+        """Run a sharded call, whose passes are collectives: the ranks meet before the first one."""
+        began = time.perf_counter()
+        self.meet(call, "first all-gather")
+        self.communication_s += time.perf_counter() - began
+        try:
+            return compute()
+        except Exception as error:
+            if self.group.rank != 0:
+                raise _CallAbandoned(f"call {call} failed here: {error!r}") from error
+            raise
+
+    def _sharded_sum(self, call: int, compute: Callable[[], T]) -> T:
+        params = self.client._params
+        before = [param.grad for param in params]
+        for param in params:
+            param.grad = None
+        try:
+            result = self.together(call, compute)
+        except Exception:
+            for param, grad in zip(params, before, strict=True):
+                param.grad = grad
+            raise
+        for param, grad in zip(params, before, strict=True):
+            if grad is not None:
+                param.grad = grad if param.grad is None else grad + param.grad
         return result
 
     def meet(self, call: int, what: str, error: BaseException | None = None) -> None:
@@ -447,22 +590,32 @@ class DataParallelTrainingClient(TrainingClient):
     """A `TrainingClient` on rank 0 of a data-parallel group: the same API and results, each
     `forward_backward` shared among the ranks by tokens (see the module docs).
 
-    group: from `spawn_local_group` or `join_group_from_env`. config_digest: what each worker's run
-    config must hash to (torchrun starts every rank from its own copy); None skips the check.
-    Every other argument is `TrainingClient`'s; the workers build their replica from the same ones.
+    group: from `spawn_local_group` or `join_group_from_env`. sharding: "replicate" (a whole model
+    on every rank) or "fsdp" (FSDP2 shards). config_digest: what each worker's run config must hash
+    to (torchrun starts every rank from its own copy); None skips the check. Every other argument is
+    `TrainingClient`'s; the workers build their replica from the same ones.
     """
 
-    def __init__(self, group: RankGroup, *, config_digest: str | None = None, **client_args: Any) -> None:
+    def __init__(
+        self,
+        group: RankGroup,
+        *,
+        sharding: Sharding = "replicate",
+        config_digest: str | None = None,
+        **client_args: Any,
+    ) -> None:
         if group.rank != 0:
             raise ValueError(f"the driver is rank 0; rank {group.rank} runs serve_worker")
+        if sharding not in get_args(Sharding):
+            raise ValueError(f"sharding must be one of {', '.join(get_args(Sharding))}, got {sharding!r}")
         self._group = group
         self._calls = 0
-        group.post("client", {key: value for key, value in client_args.items() if key != "sampler"})
+        group.post("client", {"args": {k: v for k, v in client_args.items() if k != "sampler"}, "sharding": sharding})
         try:
-            super().__init__(**client_args)
-            self._replica = _Replica(self, group)
+            super().__init__(**_built_on(client_args, sharding))
+            self._replica = _Replica(self, group, sharding)
             self._check_workers(config_digest)
-            self._run(self._broadcast_weights)
+            self._run(self._start_every_rank, _device_of(client_args))
         except BaseException:
             self._tell(self._next_call(), _STOP)
             if hasattr(self, "_executor"):
@@ -511,47 +664,69 @@ class DataParallelTrainingClient(TrainingClient):
                 raise DataParallelError(f"rank {rank} failed {what}: {_failure(answer)}")
         return answers
 
-    def _broadcast_weights(self) -> None:
+    def _start_every_rank(self, device: torch.device) -> None:
+        """Replicas start from rank 0's LoRA; shards are cut, every rank at once."""
         call = self._next_call()
-        self._tell(call, "broadcast")
-        self._replica.meet(call, "weights")
-        _broadcast_trainable(self)
+        self._tell(call, "start")
+        _start(self._replica, call, device)
+
+    def _shares(self, data: Sequence[Datum]) -> tuple[list[list[int]], int]:
+        """Each rank's datum indices and, sharded, the micro-batches every rank runs (the busiest's)."""
+        shards = shard_by_tokens([datum.num_tokens for datum in data], self._group.world_size)
+        passes = max(_passes([data[i] for i in shard], self._max_batch_tokens) for shard in shards)
+        return shards, passes if self._replica.sharded else 0
 
     def _forward_impl(
         self, data: Sequence[Datum], loss_fn: str | None, loss_fn_config: dict[str, Any] | None, backward: bool
     ) -> ForwardBackwardOutput:
-        if not backward:
+        if not backward and not self._replica.sharded:
             return super()._forward_impl(data, loss_fn, loss_fn_config, backward)
         start = time.perf_counter()
         self._prepare(data, loss_fn, loss_fn_config)  # a bad call is refused here, before any rank starts it
-        shards = shard_by_tokens([datum.num_tokens for datum in data], self._group.world_size)
+        shards, passes = self._shares(data)
         call = self._next_call()
         self._tell(
             call,
             "forward_backward",
-            lambda rank: ([_datum_state(data[i]) for i in shards[rank]], loss_fn, loss_fn_config),
+            lambda rank: ([_datum_state(data[i]) for i in shards[rank]], loss_fn, loss_fn_config, backward, passes),
         )
         own = [data[i] for i in shards[0]]
-        self._replica.communication_s = 0.0
-        metrics, own_outputs = self._replica.summed(call, lambda: self._replica.scored(own, loss_fn, loss_fn_config))
+        replica = self._replica
+        replica.communication_s = 0.0
+        share = lambda: replica.scored(own, loss_fn, loss_fn_config, backward, passes)  # noqa: E731
+        metrics, own_outputs = replica.summed(call, share) if backward else replica.together(call, share)
         shares = {0: own_outputs}
         began = time.perf_counter()
         for rank, (rank_metrics, rank_outputs) in sorted(self._await_workers(call, "forward_backward").items()):
             metrics.merge(StepMetrics.from_state(rank_metrics))
             shares[rank] = rank_outputs
-        communication_s = self._replica.communication_s + time.perf_counter() - began
-        outputs: list[dict[str, torch.Tensor]] = [{} for _ in data]
-        for rank, rank_outputs in shares.items():
-            for index, output in zip(shards[rank], rank_outputs, strict=True):
-                outputs[index] = output
+        communication_s = replica.communication_s + time.perf_counter() - began
         timing = {"time_s": time.perf_counter() - start, COMMUNICATION_KEY: communication_s}
-        return ForwardBackwardOutput(outputs, metrics.result(timing))
+        return ForwardBackwardOutput(_in_datum_order(shares, shards, len(data)), metrics.result(timing))
+
+    def _reference_impl(self, data: Sequence[Datum]) -> list[torch.Tensor]:
+        if not self._replica.sharded:
+            return super()._reference_impl(data)
+        self._validate(data, required=(TARGET_TOKENS,), allow_unknown=True)
+        shards, passes = self._shares(data)
+        call = self._next_call()
+        self._tell(call, "reference", lambda rank: ([_datum_state(data[i]) for i in shards[rank]], passes))
+        own = [data[i] for i in shards[0]]
+        shares = {0: self._replica.together(call, lambda: self._replica.reference(own, passes))}
+        shares.update(self._await_workers(call, "reference_logprobs"))
+        return _in_datum_order(shares, shards, len(data))
 
     def _custom_impl(self, data: Sequence[Datum], fn: CustomLossFn) -> ForwardBackwardOutput:
+        if self._replica.sharded:
+            raise ValueError(
+                "forward_backward_custom needs the whole model on one rank (a custom loss may couple its "
+                "datums, as DPO pairs them); with sharding='fsdp' use a built-in loss, or train this run "
+                "with sharding='replicate'"
+            )
         # A custom loss may couple its datums (DPO pairs them), so the driver computes all of it and
         # the workers add zero gradients: exact, not faster.
         call = self._next_call()
-        self._tell(call, "forward_backward", ([], None, None))
+        self._tell(call, "forward_backward", ([], None, None, True, 0))
         output = self._replica.summed(call, lambda: TrainingClient._custom_impl(self, data, fn))
         self._await_workers(call, "forward_backward_custom")
         return output
@@ -565,10 +740,10 @@ class DataParallelTrainingClient(TrainingClient):
         try:
             output = super()._optim_impl(params)
         except Exception:
-            # Every replica failed the same way (identical gradients): take their answers, raise ours.
+            # Every rank failed the same way (the same gradients): take their answers, raise ours.
             self._group.take_all(self._group.worker_keys(f"done/{call}"), what="optim_step")
             raise
-        mine = _weights_digest(self)
+        mine = _weights_digest(self._replica)
         for rank, digest in sorted(self._await_workers(call, "optim_step").items()):
             if digest != mine:
                 raise DataParallelError(
@@ -585,11 +760,24 @@ class DataParallelTrainingClient(TrainingClient):
         self._tell(self._next_call(), "zero_grad")
         self._optimizer.zero_grad(set_to_none=True)
 
-    def _load_state_impl(self, path: Path, optimizer: bool) -> int:
-        step = super()._load_state_impl(path, optimizer)
-        self._broadcast_weights()
-        self._tell(self._next_call(), "optimizer_state", (self._optimizer.state_dict(), self._step))
-        return step
+    def _peft_state(self) -> dict[str, torch.Tensor]:
+        if not self._replica.sharded:
+            return super()._peft_state()
+        call = self._next_call()
+        self._tell(call, "gather", ("adapter",))
+        return _gathered(self._replica, call, "adapter")
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        if not self._replica.sharded:
+            return super()._optimizer_state()
+        call = self._next_call()
+        self._tell(call, "gather", ("optimizer",))
+        return _gathered(self._replica, call, "optimizer")
+
+    def _apply_state(self, adapter: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None, step: int) -> None:
+        # Every rank loads the same tensors: a replica the whole of them, a shard its piece.
+        self._tell(self._next_call(), "apply_state", (_on_cpu(adapter), _on_cpu(optimizer_state), step))
+        _load_here(self._replica, adapter, optimizer_state, step)
 
     def close(self) -> None:
         """Finish queued calls, stop the workers, leave the group; then as `TrainingClient.close`."""
@@ -599,21 +787,90 @@ class DataParallelTrainingClient(TrainingClient):
         self._group.close()
 
 
+def _device_of(client_args: dict[str, Any]) -> torch.device:
+    """Where a rank's model lives: the client's `device`, else this process's CUDA device if any."""
+    device = client_args.get("device")
+    if device is None and torch.cuda.is_available():
+        return torch.device(f"cuda:{torch.cuda.current_device()}")
+    return torch.device(device or "cpu")
+
+
+def _built_on(client_args: dict[str, Any], sharding: Sharding) -> dict[str, Any]:
+    """A sharded rank builds its model on the CPU and moves only its shard to the device."""
+    return {**client_args, "device": "cpu" if sharding == "fsdp" else _device_of(client_args)}
+
+
+def _in_datum_order(shares: dict[int, list[T]], shards: list[list[int]], count: int) -> list[T]:
+    ordered: list[Any] = [None] * count
+    for rank, outputs in shares.items():
+        for index, output in zip(shards[rank], outputs, strict=True):
+            ordered[index] = output
+    return ordered
+
+
+def _on_cpu(value: Any) -> Any:
+    """`value` with every tensor in it copied to the CPU (what travels between ranks)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu")
+    if isinstance(value, dict):
+        return {key: _on_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(item) for item in value)
+    return value
+
+
+def _weights_digest(replica: _Replica) -> str | None:
+    """sha256 of the trained parameters' bytes: replicas that stepped alike have equal digests.
+    None for a shard (each rank holds another piece)."""
+    if replica.sharded:
+        return None
+    digest = hashlib.sha256()
+    for param in replica.client.trainable_parameters():
+        digest.update(param.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _start(replica: _Replica, call: int, device: torch.device) -> None:
+    replica.meet(call, "start")
+    if replica.sharded:
+        _shard(replica.client, device)
+    else:
+        _broadcast_trainable(replica.client)
+
+
+def _gathered(replica: _Replica, call: int, what: str) -> dict[str, Any]:
+    replica.meet(call, f"gather of the {what}")
+    client = replica.client
+    return _whole(TrainingClient._peft_state(client)) if what == "adapter" else _whole_optimizer_state(client)
+
+
+def _load_here(
+    replica: _Replica, adapter: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None, step: int
+) -> None:
+    """Load checkpoint tensors into this rank: a replica takes them whole, a shard its piece."""
+    client = replica.client
+    if replica.sharded:
+        _apply_whole_state(client, adapter, optimizer_state)
+        client._step = step
+    else:
+        TrainingClient._apply_state(client, adapter, optimizer_state, step)
+
+
 def serve_worker(group: RankGroup, *, config_digest: str | None = None) -> None:
     """Run a worker rank until the driver stops it: build the replica the driver describes, then
     execute its calls in order (see the module docs)."""
     driver_alive = _driver_watch()
-    client_args = group.take("client", forever=True, alive=driver_alive)
-    if client_args.get("device") is None and torch.cuda.is_available():
-        client_args["device"] = f"cuda:{torch.cuda.current_device()}"
+    described = group.take("client", forever=True, alive=driver_alive)
+    client_args, sharding = described["args"], described["sharding"]
     try:
-        client = TrainingClient(**client_args)
+        client = TrainingClient(**_built_on(client_args, sharding))
     except Exception as error:
         group.post(f"hello/{group.rank}", _failed(error))  # the driver names this rank and stops
         raise
     identity = dataclasses.asdict(client.identity)
     group.post(f"hello/{group.rank}", {"identity": identity, "config_digest": config_digest})
-    replica = _Replica(client, group)
+    replica = _Replica(client, group, sharding)
+    device = _device_of(client_args)
     call = 0
     try:
         while True:
@@ -621,41 +878,44 @@ def serve_worker(group: RankGroup, *, config_digest: str | None = None) -> None:
             op, args = group.take(f"call/{call}/{group.rank}", forever=True, alive=driver_alive)
             if op == _STOP:
                 return
-            _serve_call(replica, call, op, args)
+            _serve_call(replica, call, op, args, device)
     finally:
         client.close()
 
 
-def _serve_call(replica: _Replica, call: int, op: str, args: tuple[Any, ...]) -> None:
+def _serve_call(replica: _Replica, call: int, op: str, args: tuple[Any, ...], device: torch.device) -> None:
     client, group = replica.client, replica.group
     done = f"done/{call}/{group.rank}"
-    if op == "broadcast":
-        replica.meet(call, "weights")
-        _broadcast_trainable(client)
-    elif op == "forward_backward":
-        states, loss_fn, loss_fn_config = args
-        data = [Datum(**state) for state in states]
-        try:
-            metrics, outputs = replica.summed(call, lambda: replica.scored(data, loss_fn, loss_fn_config))
-        except _CallAbandoned as abandoned:  # the driver reports it; the next call may succeed
-            print(f"[agl_bridge rank {group.rank}] {abandoned}", file=sys.stderr)
-            return
-        group.post(done, (metrics.state(), outputs))
-    elif op == "optim_step":
-        try:
-            client._optim_impl(AdamParams(**args[0]))
-        except Exception as error:  # the driver's step fails the same way (identical gradients)
-            group.post(done, _failed(error))
-            return
-        group.post(done, _weights_digest(client))
-    elif op == "zero_grad":
-        client._optimizer.zero_grad(set_to_none=True)
-    elif op == "optimizer_state":
-        state, step = args
-        client._optimizer.load_state_dict(state)
-        client._step = step
-    else:
-        raise DataParallelError(f"unknown call {op!r} from the driver")
+    try:
+        if op == "start":
+            _start(replica, call, device)
+        elif op == "forward_backward":
+            states, loss_fn, loss_fn_config, backward, passes = args
+            data = [Datum(**state) for state in states]
+            share = lambda: replica.scored(data, loss_fn, loss_fn_config, backward, passes)  # noqa: E731
+            metrics, outputs = replica.summed(call, share) if backward else replica.together(call, share)
+            group.post(done, (metrics.state(), outputs))
+        elif op == "reference":
+            states, passes = args
+            data = [Datum(**state) for state in states]
+            group.post(done, replica.together(call, lambda: replica.reference(data, passes)))
+        elif op == "optim_step":
+            try:
+                client._optim_impl(AdamParams(**args[0]))
+            except Exception as error:  # the driver's step fails the same way (the same gradients)
+                group.post(done, _failed(error))
+                return
+            group.post(done, _weights_digest(replica))
+        elif op == "zero_grad":
+            client._optimizer.zero_grad(set_to_none=True)
+        elif op == "gather":
+            _gathered(replica, call, args[0])
+        elif op == "apply_state":
+            _load_here(replica, *args)
+        else:
+            raise DataParallelError(f"unknown call {op!r} from the driver")
+    except _CallAbandoned as abandoned:  # the driver reports it; the next call may succeed
+        print(f"[agl_bridge rank {group.rank}] {abandoned}", file=sys.stderr)
 
 
 def _driver_watch() -> Callable[[], bool]:

@@ -283,6 +283,9 @@ class LoraSection(Section):
 TrainerLaunch = Literal["processes", "ray"]
 """Where a run starts its trainer's worker ranks: processes on this machine, or Ray tasks."""
 
+TrainerSharding = Literal["replicate", "fsdp"]
+"""How the trainer's ranks hold the model: a whole replica each, or FSDP2 shards (docs/scaling.md)."""
+
 
 @dataclass
 class RanksSection(Section):
@@ -293,10 +296,17 @@ class RanksSection(Section):
     trainer_ranks: int = 1
     trainer_launch: TrainerLaunch = "processes"
     trainer_timeout_s: float = 600.0
+    trainer_sharding: TrainerSharding = "replicate"
 
     def _check_ranks(self, config: GRPOConfig) -> None:
         check_positive(self, ("trainer_ranks",))
         check_choice("trainer_launch", self.trainer_launch, TrainerLaunch)
+        check_choice("trainer_sharding", self.trainer_sharding, TrainerSharding)
+        if self.trainer_sharding == "fsdp" and config.run_kind() == "dpo":
+            raise ConfigError(
+                'trainer_sharding = "fsdp" cannot train DPO: its loss couples each pair, so one rank computes '
+                'it whole; use trainer_sharding = "replicate" (the default)'
+            )
         timeout = self.trainer_timeout_s
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < math.inf:
             raise ConfigError(f"trainer_timeout_s must be a number of seconds > 0, got {timeout!r}")

@@ -98,7 +98,9 @@ def run_client(
     }
     if config.trainer_ranks == 1 and launched_rank() is None:
         return TrainingClient(**settings)
-    return DataParallelTrainingClient(rank_group(config), config_digest=config.digest(), **settings)
+    return DataParallelTrainingClient(
+        rank_group(config), sharding=config.trainer_sharding, config_digest=config.digest(), **settings
+    )
 
 
 def rank_group(config: GRPOConfig) -> RankGroup:

@@ -206,3 +206,63 @@ def test_a_message_not_signed_with_the_groups_key_is_refused() -> None:
     outsider.post("call/2/1", ("optim_step", ({"learning_rate": 1.0},)))
     with pytest.raises(DataParallelError, match="not signed with this group's key"):
         ours.take("call/2/1")
+
+
+def _whole_adapter(client: TrainingClient) -> list[torch.Tensor]:
+    """The adapter as the sampler and checkpoints get it (a sharded client gathers it)."""
+    return [t.detach().clone() for t in client._run(client._peft_state).values()]
+
+
+@pytest.mark.slow
+def test_fsdp_shards_give_one_process_numbers_syncs_and_checkpoints(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # Small micro-batches, so the ranks run different numbers of passes and the less busy one idles.
+    settings = {"base_model": str(tiny_model_dir), "lora_rank": 8, "device": "cpu", "seed": 3, "max_batch_tokens": 48}
+    single = TrainingClient(**settings)
+    driver = DataParallelTrainingClient(spawn_local_group(2, timeout_s=120.0), sharding="fsdp", **settings)
+    try:
+        shard = next(p for p in driver.trainable_parameters() if p.ndim == 2)
+        assert shard.to_local().shape[0] * 2 == shard.shape[0]  # each rank holds half
+        data = rl_batch(single, count=5, seed=1)
+        expected = single.forward_backward(data, "importance_sampling")
+        got = driver.forward_backward(data, "importance_sampling")
+        assert got.metrics["loss"] == pytest.approx(expected.metrics["loss"], rel=1e-6)  # fp32 sums, another order
+        assert got.metrics["tokens"] == expected.metrics["tokens"]
+        for mine, theirs in zip(got.loss_fn_outputs, expected.loss_fn_outputs, strict=True):
+            torch.testing.assert_close(mine["logprobs"], theirs["logprobs"], atol=1e-6, rtol=1e-6)
+        for client in (single, driver):
+            client.optim_step(ADAM)
+        # AdamW divides each gradient by its own magnitude, so float-order noise in the smallest ones
+        # shows in the step: 1e-4 of the largest weight (1.4e-6 of 0.09 measured).
+        assert_same_up_to_float_order(_whole_adapter(driver), _whole_adapter(single), tolerance=1e-4)
+
+        scored = driver.forward(data).loss_fn_outputs  # every pass is a collective, forward too
+        for mine, theirs in zip(scored, single.forward(data).loss_fn_outputs, strict=True):
+            torch.testing.assert_close(mine["logprobs"], theirs["logprobs"], atol=1e-5, rtol=0)
+        for mine, theirs in zip(driver.reference_logprobs(data), single.reference_logprobs(data), strict=True):
+            torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-6)
+
+        # The sampler gets the whole adapter: it scores like the sharded trainer.
+        sampling = driver.save_weights_and_get_sampling_client()
+        tokens = list(data[0].model_input) + [int(data[0].loss_fn_inputs["target_tokens"][-1])]
+        sampled = sampling.compute_logprobs(tokens)[1:]
+        torch.testing.assert_close(torch.tensor(sampled), scored[0]["logprobs"], atol=1e-5, rtol=0)
+
+        # Checkpoints hold the one-process state, both ways.
+        driver.save_state(tmp_path / "sharded")
+        with TrainingClient(**settings) as loaded:
+            loaded.load_state(tmp_path / "sharded")
+            assert all(torch.equal(a, b) for a, b in zip(_whole_adapter(loaded), _whole_adapter(driver), strict=True))
+        single.save_state(tmp_path / "single")
+        assert driver.load_state(tmp_path / "single") == 1
+        assert all(torch.equal(a, b) for a, b in zip(_whole_adapter(driver), _whole_adapter(single), strict=True))
+        for client in (single, driver):
+            client.forward_backward(_sft_batch(3), "cross_entropy")
+            client.optim_step(ADAM)  # the loaded AdamW moments, sharded
+        assert_same_up_to_float_order(_whole_adapter(driver), _whole_adapter(single), tolerance=1e-4)
+
+        with pytest.raises(ValueError, match="sharding='fsdp'"):
+            driver.forward_backward_custom(data, lambda _data, logprobs: (sum(lp.sum() for lp in logprobs), {}))
+    finally:
+        driver.close()
+        single.close()
+    assert [worker.exit_status() for worker in driver.group.workers.values()] == ["exit code 0"]

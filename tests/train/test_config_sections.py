@@ -53,3 +53,11 @@ def test_the_docs_table_of_sections_is_the_codes() -> None:
     documented = [set(re.findall(r"`([a-z_0-9]+)`", keys)) for _, keys in rows if keys.startswith("`")]
     sections = [{f.name for f in dataclasses.fields(section)} for section, _ in SECTIONS]
     assert [keys for keys in documented if keys in sections] == sections, "docs/training.md: the table of sections"
+
+
+def test_fsdp_sharding_is_refused_for_dpo_and_an_unknown_sharding_is_named() -> None:
+    config_from_dict({"trainer_ranks": 2, "trainer_sharding": "fsdp"})
+    with pytest.raises(ConfigError, match='trainer_sharding = "fsdp" cannot train DPO'):
+        config_from_dict({**DPO, "trainer_sharding": "fsdp"})
+    with pytest.raises(ConfigError, match="trainer_sharding"):
+        config_from_dict({"trainer_sharding": "zero3"})

@@ -1,6 +1,6 @@
 """A GRPO run's rank count moves it from one process to several with the same numbers: offline GRPO
-on the tiny model with `trainer_ranks = 2` (workers started by the run, and ranks started by
-torchrun) logs the 1-rank run's step metrics."""
+on the tiny model with `trainer_ranks = 2` (workers started by the run, Ray tasks, ranks started by
+torchrun, FSDP2 shards) logs the 1-rank run's step metrics."""
 
 from __future__ import annotations
 
@@ -70,6 +70,7 @@ def test_two_ranks_log_the_one_rank_runs_metrics(tmp_path: Path, tiny_model_dir:
         "spawned": (CLI, {"trainer_ranks": 2}),
         "torchrun": (TORCHRUN, {"trainer_ranks": 2}),
         "ray": (CLI, {"trainer_ranks": 2, "trainer_launch": "ray"}),
+        "fsdp": (TORCHRUN, {"trainer_ranks": 2, "trainer_sharding": "fsdp"}),
     }
     steps = {}
     for name, (command, keys) in runs.items():
@@ -78,7 +79,7 @@ def test_two_ranks_log_the_one_rank_runs_metrics(tmp_path: Path, tiny_model_dir:
         steps[name] = _steps(tmp_path / name)
     expected = steps["one"]
     assert [r["step"] for r in expected] == [1, 2] and all(r["datums"] for r in expected)
-    for name in ("spawned", "torchrun", "ray"):
+    for name in ("spawned", "torchrun", "ray", "fsdp"):
         assert [r["datums"] for r in steps[name]] == [r["datums"] for r in expected], name
         for got, want in zip(steps[name], expected, strict=True):
             for key in COMPARED:
