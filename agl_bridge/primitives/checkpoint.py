@@ -3,7 +3,8 @@
 A state directory holds:
 
 * ``adapter_model.safetensors`` + ``adapter_config.json`` — the LoRA adapter in peft's layout (the
-  directory also loads with ``PeftModel.from_pretrained``);
+  directory also loads with ``PeftModel.from_pretrained``); a full-weight client's weights, by
+  name, and no adapter config;
 * ``optimizer.pt`` — the AdamW state dict;
 * ``rng.pt`` — python, numpy and torch (CPU and CUDA) RNG states;
 * ``trainer_state.json`` — format version, step, and the identity of the base model and LoRA
@@ -264,6 +265,14 @@ def save_adapter_directory(path: str | os.PathLike[str], adapter: Mapping[str, t
     return str(path)
 
 
+def save_model_directory(path: str | os.PathLike[str], model: Any, weights: Mapping[str, torch.Tensor]) -> str:
+    """Write fully trained `weights` as a model directory of `model`'s architecture (what
+    `from_pretrained` and vLLM load), atomically."""
+    with atomic_directory(path, markers=("config.json",)) as staging:
+        model.save_pretrained(str(staging), state_dict=dict(weights))
+    return str(path)
+
+
 def save_state_directory(
     path: str | os.PathLike[str],
     *,
@@ -314,7 +323,8 @@ def read_state_directory(
 
 def _write_adapter(directory: Path, adapter: Mapping[str, torch.Tensor], peft_config: Any) -> None:
     save_file(dict(adapter), str(directory / ADAPTER_FILE), metadata={"format": "pt"})
-    peft_config.save_pretrained(str(directory))
+    if peft_config is not None:  # None: full weights, no adapter config
+        peft_config.save_pretrained(str(directory))
 
 
 def _fsync(path: Path) -> None:

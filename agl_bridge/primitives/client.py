@@ -8,7 +8,8 @@ steps (no restart, no dropped requests).
 Logprobs: input ids → logits → log_softmax in float32 → gather the targets; the sampler computes
 the same raw quantity, so on the first on-policy step the importance ratio is 1 up to float noise.
 The model stays in eval mode (LoRA dropout 0) so the trainer scores exactly the function the
-sampler samples from.
+sampler samples from. `full_weights=True` trains every weight instead of a LoRA; the sampler then
+gets the whole weights, and the reference policy is a frozen copy of the base.
 
 Threading: all model work runs on one worker thread, in call order; the sync methods wait for it,
 the ``*_async`` ones return a `TrainFuture` at once (awaitable, or ``.result()``), so a loop can
@@ -19,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import math
 import threading
 import time
 import warnings
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Self, TypeVar, cast
@@ -45,6 +47,7 @@ from agl_bridge.primitives.checkpoint import (
     read_state_directory,
     restore_rng_state,
     save_adapter_directory,
+    save_model_directory,
     save_state_directory,
     weights_hash,
 )
@@ -154,7 +157,7 @@ class TrainFuture(Generic[T]):
 
 
 class TrainingClient:
-    """LoRA training on a local model with Tinker's primitives (see the module docs).
+    """LoRA (or full-weight) training on a local model with Tinker's primitives (see the module docs).
 
     base_model: ``tiny``, a model directory, or a hub id (as `--model`). lora_rank / lora_alpha /
     target_modules: the peft LoRA; ``all-linear`` = every layer the sampler can merge a LoRA into
@@ -166,7 +169,8 @@ class TrainingClient:
     if available. dtype: default the checkpoint's. sampler: the in-process sampler to publish
     weights to (one over a fresh copy of the base model is created on first use if None).
     max_batch_tokens: most padded tokens per forward pass; larger batches are split into
-    micro-batches whose gradients add up.
+    micro-batches whose gradients add up. full_weights: train every weight instead of a LoRA (the
+    lora_* and target_modules arguments are unused; an AdapterSampler is refused).
     """
 
     def __init__(
@@ -182,7 +186,15 @@ class TrainingClient:
         dtype: torch.dtype | str | None = None,
         sampler: HFSampler | HFProcessSampler | AdapterSampler | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        full_weights: bool = False,
     ) -> None:
+        if full_weights and train_unembedding:
+            raise ValueError("full_weights trains the output layer already; leave train_unembedding False")
+        if full_weights and isinstance(sampler, AdapterSampler):
+            raise ValueError(
+                "full_weights publishes whole weights, which only the in-process samplers load (HFSampler, "
+                "HFProcessSampler); remote and vLLM samplers load LoRA adapters — train a LoRA for them"
+            )
         if not isinstance(lora_rank, int) or isinstance(lora_rank, bool) or lora_rank < 1:
             raise ValueError(f"lora_rank must be an integer >= 1, got {lora_rank!r}")
         if not isinstance(lora_alpha, (int, float)) or not math.isfinite(lora_alpha) or lora_alpha <= 0:
@@ -196,8 +208,10 @@ class TrainingClient:
         self._lora_rank = lora_rank
         self._lora_alpha = float(lora_alpha)
         self._train_unembedding = bool(train_unembedding)
+        self._full_weights = bool(full_weights)
         self._max_batch_tokens = max_batch_tokens
         self._tokenizer: Any = None
+        self._reference: torch.nn.Module | None = None
 
         base = load_causal_lm(self._base_path, device=str(self._device), dtype=dtype)
         fingerprint = config_fingerprint(base.config)
@@ -208,6 +222,52 @@ class TrainingClient:
         if sampler is not None:
             self._check_sampler(sampler, fingerprint)
 
+        if full_weights:
+            self._model = base.requires_grad_(True)
+            lora_layers: dict[str, Any] = {}
+        else:
+            self._model = self._with_lora(base, lora_rank, lora_alpha, target_modules, train_unembedding, seed)
+            lora_layers = {
+                name.removeprefix(PEFT_PREFIX): module
+                for name, module in self._model.named_modules()
+                if isinstance(module, LoraLayer)
+            }
+            if not isinstance(sampler, AdapterSampler):  # the in-process sampler merges; remote servers load adapters
+                check_mergeable(lora_layers)
+        self._model.eval()
+        self._params = [p for p in self._model.parameters() if p.requires_grad]
+        adapted = sorted(lora_layers)
+        self._identity = ModelIdentity(
+            base_model=self._base_path,
+            config_fingerprint=fingerprint,
+            weights_hash=base_hash,
+            lora_rank=0 if full_weights else lora_rank,  # 0: every weight trains
+            lora_alpha=0.0 if full_weights else self._lora_alpha,
+            target_modules=tuple(adapted),
+            train_unembedding=self._train_unembedding,
+        )
+        self._optimizer = self._new_optimizer()
+        self._step = 0
+        self._sampler = sampler
+        self._owns_sampler = False
+        self._worker_ident: int | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="agl-train", initializer=self._remember_worker
+        )
+        self._closed = False
+        self.last_sync_s: float | None = None
+        """Seconds the latest weight sync to the sampler took."""
+
+    def _with_lora(
+        self,
+        base: Any,
+        lora_rank: int,
+        lora_alpha: float,
+        target_modules: str | Sequence[str],
+        train_unembedding: bool,
+        seed: int,
+    ) -> Any:
+        """`base` wrapped by peft with the LoRA to train (initialised from `seed`)."""
         config = LoraConfig(
             r=lora_rank,
             lora_alpha=lora_alpha,  # type: ignore[arg-type]  # peft annotates int; a float alpha works (alpha / r)
@@ -223,37 +283,7 @@ class TrainingClient:
             warnings.filterwarnings("ignore", message=".*ensure_weight_tying.*")
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
             torch.manual_seed(seed)
-            self._model = get_peft_model(base, config)
-        self._model.eval()
-        self._params = [p for p in self._model.parameters() if p.requires_grad]
-        lora_layers = {
-            name.removeprefix(PEFT_PREFIX): module
-            for name, module in self._model.named_modules()
-            if isinstance(module, LoraLayer)
-        }
-        if not isinstance(sampler, AdapterSampler):  # the in-process sampler merges; remote servers load adapters
-            check_mergeable(lora_layers)
-        adapted = sorted(lora_layers)
-        self._identity = ModelIdentity(
-            base_model=self._base_path,
-            config_fingerprint=fingerprint,
-            weights_hash=base_hash,
-            lora_rank=lora_rank,
-            lora_alpha=self._lora_alpha,
-            target_modules=tuple(adapted),
-            train_unembedding=self._train_unembedding,
-        )
-        self._optimizer = self._new_optimizer()
-        self._step = 0
-        self._sampler = sampler
-        self._owns_sampler = False
-        self._worker_ident: int | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="agl-train", initializer=self._remember_worker
-        )
-        self._closed = False
-        self.last_sync_s: float | None = None
-        """Seconds the latest weight sync to the sampler took."""
+            return get_peft_model(base, config)
 
     # ------------------------------------------------------------------ properties
 
@@ -319,7 +349,8 @@ class TrainingClient:
         """Each datum's per-target logprobs under the base model (the adapter disabled; float32, CPU).
 
         The reference of the KL term and of DPO: the policy before any training, without a second
-        model in memory.
+        model in memory — except when training full weights, where a frozen copy of the base is
+        loaded on first use.
         """
         return self._run(self._reference_impl, data)
 
@@ -354,7 +385,8 @@ class TrainingClient:
         return self._run(self._load_state_impl, Path(path), optimizer)
 
     def save_weights_for_sampler(self, path: str | Path) -> str:
-        """Write the adapter as a peft adapter directory (loads with PeftModel.from_pretrained or vLLM)."""
+        """Write the adapter as a peft adapter directory (loads with PeftModel.from_pretrained or vLLM);
+        full weights: a model directory (loads with from_pretrained)."""
         return self._run(self._save_weights_impl, Path(path))
 
     def save_weights_and_get_sampling_client(
@@ -479,8 +511,8 @@ class TrainingClient:
                 lp, entropy = self._token_logprobs(batch)
                 ref = None
                 if want_kl:
-                    with torch.no_grad(), self._model.disable_adapter():
-                        ref, _ = self._token_logprobs(batch, entropy=False)
+                    with torch.no_grad(), self._reference_policy() as reference:
+                        ref, _ = self._token_logprobs(batch, entropy=False, model=reference)
                 if spec is not None:
                     inputs = {WEIGHTS: batch.weights, **batch.fields}
                     result = compute_loss(spec, lp, inputs, config, ref)
@@ -494,9 +526,9 @@ class TrainingClient:
     def _reference_impl(self, data: Sequence[Datum]) -> list[torch.Tensor]:
         tensors = self._validate(data, required=(TARGET_TOKENS,), allow_unknown=True)
         logprobs: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
-        with torch.no_grad(), self._model.disable_adapter():
+        with torch.no_grad(), self._reference_policy() as reference:
             for batch in micro_batches(tensors, self._max_batch_tokens, self._device):
-                lp, _ = self._token_logprobs(batch, entropy=False)
+                lp, _ = self._token_logprobs(batch, entropy=False, model=reference)
                 for row, (index, length) in enumerate(zip(batch.indices, batch.lengths, strict=True)):
                     logprobs[index] = lp[row, :length].float().cpu()
         return logprobs
@@ -545,12 +577,28 @@ class TrainingClient:
             for i, d in enumerate(data)
         ]
 
-    def _token_logprobs(self, batch: MicroBatch, *, entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-target logprobs [b, L] (float32) and, if asked, per-position entropy (no grad)."""
+    @contextlib.contextmanager
+    def _reference_policy(self) -> Iterator[torch.nn.Module]:
+        """The policy before any training: the model with its adapter off, or, training full
+        weights, a frozen copy of the base model (loaded on first use)."""
+        if not self._full_weights:
+            with self._model.disable_adapter():
+                yield self._model
+            return
+        if self._reference is None:
+            reference = load_causal_lm(self._base_path, device=str(self._device), dtype=self._dtype)
+            self._reference = reference.requires_grad_(False)
+        yield self._reference
+
+    def _token_logprobs(
+        self, batch: MicroBatch, *, entropy: bool = True, model: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-target logprobs [b, L] (float32) under `model` (default: the trained one) and, if asked,
+        per-position entropy (no grad)."""
         # No attention mask: rows are right-padded and attention is causal, so a real token never
         # sees padding (padded positions are scored but weigh 0). This is also exactly the call the
         # sampler's scoring makes, which keeps the two numerically aligned.
-        logits = self._model(input_ids=batch.input_ids, use_cache=False).logits
+        logits = (model or self._model)(input_ids=batch.input_ids, use_cache=False).logits
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         lp = logprobs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
         ent = None
@@ -618,8 +666,11 @@ class TrainingClient:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _peft_state(self) -> dict[str, torch.Tensor]:
-        """The trained tensors, whole, keyed as peft saves them (a sharded client gathers them here)."""
+    def _trained_state(self) -> dict[str, torch.Tensor]:
+        """The trained tensors, whole (a sharded client gathers them here): the adapter keyed as peft
+        saves it, or every weight by name (tied ones once), in the order of `trainable_parameters`."""
+        if self._full_weights:
+            return dict(self._model.named_parameters())
         return get_peft_model_state_dict(self._model)
 
     def _optimizer_state(self) -> dict[str, Any]:
@@ -627,20 +678,20 @@ class TrainingClient:
         return self._optimizer.state_dict()
 
     def _adapter_state(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().to("cpu").contiguous().clone() for k, v in self._peft_state().items()}
+        return {k: v.detach().to("cpu").contiguous().clone() for k, v in self._trained_state().items()}
 
     def _save_state_impl(self, path: Path) -> str:
         return save_state_directory(
             path,
             adapter=self._adapter_state(),
-            peft_config=self._model.peft_config["default"],
+            peft_config=None if self._full_weights else self._model.peft_config["default"],
             optimizer_state=self._optimizer_state(),
             step=self._step,
             identity=self._identity,
         )
 
     def _load_state_impl(self, path: Path, optimizer: bool) -> int:
-        expected = set(get_peft_model_state_dict(self._model))
+        expected = set(TrainingClient._trained_state(self))
         state = read_state_directory(path, self._identity, expected, self._device, optimizer=optimizer)
         # Everything is read and checked; only now touch the live state.
         self._optimizer.zero_grad(set_to_none=True)
@@ -652,13 +703,20 @@ class TrainingClient:
         return self._step
 
     def _apply_state(self, adapter: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None, step: int) -> None:
-        """Load checked checkpoint tensors: the adapter, the optimizer's state if given, the step."""
-        set_peft_model_state_dict(self._model, adapter)
+        """Load checked checkpoint tensors: the adapter (or weights), the optimizer's state if given, the step."""
+        if self._full_weights:
+            with torch.no_grad():
+                for name, param in self._model.named_parameters():
+                    param.copy_(adapter[name])
+        else:
+            set_peft_model_state_dict(self._model, adapter)
         if optimizer_state is not None:
             self._optimizer.load_state_dict(optimizer_state)
         self._step = step
 
     def _save_weights_impl(self, path: Path) -> str:
+        if self._full_weights:
+            return save_model_directory(path, self._model, self._adapter_state())
         return save_adapter_directory(path, self._adapter_state(), self._model.peft_config["default"])
 
     # ------------------------------------------------------------------ weight sync
@@ -673,6 +731,8 @@ class TrainingClient:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._save_weights_impl(Path(path))
             new_version = sampler.load_adapter(path, target)
+        elif self._full_weights:
+            new_version = sampler.load_weights(self._sync_state_dict(), version=version)
         else:
             new_version = sampler.load_lora(self._sync_state_dict(), scaling=self.lora_scaling, version=version)
         self.last_sync_s = time.perf_counter() - start
@@ -680,10 +740,13 @@ class TrainingClient:
         return SamplingClient(cast(TokenSampler, sampler), weights_version=new_version, name=name)
 
     def _sync_state_dict(self) -> dict[str, torch.Tensor]:
-        """The adapter in the layout `HFSampler.load_lora` takes (live views: the call blocks until merged)."""
+        """The adapter in the layout `HFSampler.load_lora` takes, or the weights `load_weights` takes
+        (live views: the call blocks until merged)."""
+        if self._full_weights:
+            return {key: value.detach() for key, value in self._trained_state().items()}
         output_key = f"{PEFT_PREFIX}{self._output_name}.weight"
         state: dict[str, torch.Tensor] = {}
-        for key, value in self._peft_state().items():
+        for key, value in self._trained_state().items():
             if ".lora_A." in key or ".lora_B." in key:
                 state[key] = value.detach()
             elif self._train_unembedding and key == output_key:

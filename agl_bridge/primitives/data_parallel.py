@@ -388,7 +388,8 @@ def _shard(client: TrainingClient, device: torch.device) -> None:
 
     model = client._model
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    blocks = set(getattr(model.get_base_model(), "_no_split_modules", None) or ())
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper, or full weights
+    blocks = set(getattr(base, "_no_split_modules", None) or ())
     for module in [module for module in model.modules() if type(module).__name__ in blocks]:
         fully_shard(module, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -406,7 +407,8 @@ def _whole(tensors: dict[str, Any]) -> dict[str, Any]:
     """`tensors` with every shard gathered whole (a collective: every rank calls it, in the same order)."""
     from torch.distributed.tensor import DTensor
 
-    return {key: value.full_tensor() if isinstance(value, DTensor) else value for key, value in tensors.items()}
+    with torch.no_grad():
+        return {key: value.full_tensor() if isinstance(value, DTensor) else value for key, value in tensors.items()}
 
 
 def _whole_optimizer_state(client: TrainingClient) -> dict[str, Any]:
@@ -422,7 +424,7 @@ def _apply_whole_state(
     from torch.distributed.tensor import distribute_tensor
 
     params = client._params
-    keys = list(client._peft_state())  # peft's keys, in the order of the trainable parameters
+    keys = list(TrainingClient._trained_state(client))  # in the order of the trainable parameters
     if len(keys) != len(params):
         raise DataParallelError(f"{len(keys)} adapter tensors for {len(params)} trained parameters")
 
@@ -494,7 +496,8 @@ class _Replica:
         metrics = StepMetrics()
         outputs: list[dict[str, torch.Tensor]] = []
         config = resolve_config(get_loss(loss_fn), loss_fn_config) if loss_fn is not None else {}
-        forwards = 2 if config.get("kl_coef") else 1  # the KL term's reference pass
+        # The KL term's reference pass is a collective too, unless it runs on a whole frozen copy.
+        forwards = 2 if config.get("kl_coef") and not self.client._full_weights else 1
         if data:
             spec, config, tensors = self.client._prepare(data, loss_fn, loss_fn_config)
             metrics, outputs = self.client._accumulate(tensors, spec, config, backward)
@@ -705,7 +708,7 @@ class DataParallelTrainingClient(TrainingClient):
         return ForwardBackwardOutput(_in_datum_order(shares, shards, len(data)), metrics.result(timing))
 
     def _reference_impl(self, data: Sequence[Datum]) -> list[torch.Tensor]:
-        if not self._replica.sharded:
+        if not self._replica.sharded or self._full_weights:  # a frozen whole copy: rank 0 alone
             return super()._reference_impl(data)
         self._validate(data, required=(TARGET_TOKENS,), allow_unknown=True)
         shards, passes = self._shares(data)
@@ -760,9 +763,9 @@ class DataParallelTrainingClient(TrainingClient):
         self._tell(self._next_call(), "zero_grad")
         self._optimizer.zero_grad(set_to_none=True)
 
-    def _peft_state(self) -> dict[str, torch.Tensor]:
+    def _trained_state(self) -> dict[str, torch.Tensor]:
         if not self._replica.sharded:
-            return super()._peft_state()
+            return super()._trained_state()
         call = self._next_call()
         self._tell(call, "gather", ("adapter",))
         return _gathered(self._replica, call, "adapter")
@@ -841,7 +844,7 @@ def _start(replica: _Replica, call: int, device: torch.device) -> None:
 def _gathered(replica: _Replica, call: int, what: str) -> dict[str, Any]:
     replica.meet(call, f"gather of the {what}")
     client = replica.client
-    return _whole(TrainingClient._peft_state(client)) if what == "adapter" else _whole_optimizer_state(client)
+    return _whole(TrainingClient._trained_state(client)) if what == "adapter" else _whole_optimizer_state(client)
 
 
 def _load_here(

@@ -261,7 +261,7 @@ class OptimizerSection(Section):
 
 @dataclass
 class LoraSection(Section):
-    """The LoRA every run trains."""
+    """The LoRA every run trains (or, with `train_full_weights`, every weight of the model)."""
 
     RUNS: ClassVar[tuple[RunKind, ...]] = EVERY_RUN
 
@@ -269,9 +269,17 @@ class LoraSection(Section):
     lora_alpha: float = 32.0
     lora_target_modules: str | list[str] = "all-linear"
     train_unembedding: bool = False
+    train_full_weights: bool = False
 
     def _check_lora(self, config: GRPOConfig) -> None:
         check_positive(self, ("lora_rank",))
+        if self.train_full_weights and self.train_unembedding:
+            raise ConfigError("train_full_weights trains the output layer already; leave train_unembedding unset")
+        if self.train_full_weights and config.sampler != "hf":
+            raise ConfigError(
+                f'train_full_weights publishes whole weights, which only sampler = "hf" loads live; sampler '
+                f'"{config.sampler}" loads LoRA adapters — train a LoRA (leave train_full_weights unset) with it'
+            )
         if isinstance(self.lora_target_modules, list) and not all(
             isinstance(name, str) and name for name in self.lora_target_modules
         ):

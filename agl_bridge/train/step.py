@@ -92,6 +92,7 @@ def run_client(
         "lora_alpha": config.lora_alpha,
         "target_modules": config.lora_target_modules,
         "train_unembedding": config.train_unembedding,
+        "full_weights": config.train_full_weights,
         "seed": config.seed,
         "sampler": sampler,
         "max_batch_tokens": config.max_batch_tokens,

@@ -210,7 +210,7 @@ def test_a_message_not_signed_with_the_groups_key_is_refused() -> None:
 
 def _whole_adapter(client: TrainingClient) -> list[torch.Tensor]:
     """The adapter as the sampler and checkpoints get it (a sharded client gathers it)."""
-    return [t.detach().clone() for t in client._run(client._peft_state).values()]
+    return [t.detach().clone() for t in client._run(client._trained_state).values()]
 
 
 @pytest.mark.slow
@@ -266,3 +266,30 @@ def test_fsdp_shards_give_one_process_numbers_syncs_and_checkpoints(tiny_model_d
         driver.close()
         single.close()
     assert [worker.exit_status() for worker in driver.group.workers.values()] == ["exit code 0"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["replicate", "fsdp"])
+def test_full_weights_train_on_two_ranks_as_on_one_process(tiny_model_dir: Path, sharding: str) -> None:
+    settings = {"base_model": str(tiny_model_dir), "device": "cpu", "full_weights": True, "max_batch_tokens": 48}
+    single = TrainingClient(**settings)
+    driver = DataParallelTrainingClient(spawn_local_group(2, timeout_s=120.0), sharding=sharding, **settings)
+    try:
+        data = rl_batch(single, count=5, seed=1)
+        kl = {"kl_coef": 0.1}  # its reference is a frozen whole copy on each rank, even when sharded
+        expected = single.forward_backward(data, "importance_sampling", kl)
+        got = driver.forward_backward(data, "importance_sampling", kl)
+        assert got.metrics["loss"] == pytest.approx(expected.metrics["loss"], rel=1e-6)
+        for mine, theirs in zip(got.loss_fn_outputs, expected.loss_fn_outputs, strict=True):
+            torch.testing.assert_close(mine["logprobs"], theirs["logprobs"], atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(mine["ref_logprobs"], theirs["ref_logprobs"], atol=1e-6, rtol=1e-6)
+        for client in (single, driver):
+            client.optim_step(AdamParams(learning_rate=1e-3))
+        assert_same_up_to_float_order(_whole_adapter(driver), _whole_adapter(single), tolerance=1e-4)
+        sampling = driver.save_weights_and_get_sampling_client()
+        tokens = [*data[0].model_input, int(data[0].loss_fn_inputs["target_tokens"][-1])]
+        trained = driver.forward(data[:1]).loss_fn_outputs[0]["logprobs"]
+        torch.testing.assert_close(torch.tensor(sampling.compute_logprobs(tokens)[1:]), trained, atol=1e-5, rtol=0)
+    finally:
+        driver.close()
+        single.close()

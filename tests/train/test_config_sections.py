@@ -61,3 +61,11 @@ def test_fsdp_sharding_is_refused_for_dpo_and_an_unknown_sharding_is_named() -> 
         config_from_dict({**DPO, "trainer_sharding": "fsdp"})
     with pytest.raises(ConfigError, match="trainer_sharding"):
         config_from_dict({"trainer_sharding": "zero3"})
+
+
+def test_full_weights_are_refused_with_a_trained_unembedding_or_an_adapter_sampler() -> None:
+    config_from_dict({"train_full_weights": True, "trainer_sharding": "fsdp", "trainer_ranks": 2})
+    with pytest.raises(ConfigError, match="trains the output layer already"):
+        config_from_dict({"train_full_weights": True, "train_unembedding": True})
+    with pytest.raises(ConfigError, match='only sampler = "hf" loads live'):
+        config_from_dict({"train_full_weights": True, "sampler": "remote", "sampler_urls": ["http://127.0.0.1:1"]})

@@ -1,6 +1,6 @@
 """A GRPO run's rank count moves it from one process to several with the same numbers: offline GRPO
 on the tiny model with `trainer_ranks = 2` (workers started by the run, Ray tasks, ranks started by
-torchrun, FSDP2 shards) logs the 1-rank run's step metrics."""
+torchrun, FSDP2 shards; and training full weights, sharded) logs the 1-rank run's step metrics."""
 
 from __future__ import annotations
 
@@ -71,6 +71,8 @@ def test_two_ranks_log_the_one_rank_runs_metrics(tmp_path: Path, tiny_model_dir:
         "torchrun": (TORCHRUN, {"trainer_ranks": 2}),
         "ray": (CLI, {"trainer_ranks": 2, "trainer_launch": "ray"}),
         "fsdp": (TORCHRUN, {"trainer_ranks": 2, "trainer_sharding": "fsdp"}),
+        "full": (CLI, {"train_full_weights": True}),
+        "full_fsdp": (TORCHRUN, {"trainer_ranks": 2, "trainer_sharding": "fsdp", "train_full_weights": True}),
     }
     steps = {}
     for name, (command, keys) in runs.items():
@@ -79,13 +81,21 @@ def test_two_ranks_log_the_one_rank_runs_metrics(tmp_path: Path, tiny_model_dir:
         steps[name] = _steps(tmp_path / name)
     expected = steps["one"]
     assert [r["step"] for r in expected] == [1, 2] and all(r["datums"] for r in expected)
-    for name in ("spawned", "torchrun", "ray", "fsdp"):
+    for name, baseline in (
+        ("spawned", "one"),
+        ("torchrun", "one"),
+        ("ray", "one"),
+        ("fsdp", "one"),
+        ("full_fsdp", "full"),
+    ):
+        expected = steps[baseline]
         assert [r["datums"] for r in steps[name]] == [r["datums"] for r in expected], name
         for got, want in zip(steps[name], expected, strict=True):
             for key in COMPARED:
                 assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (name, got["step"], key)
-    # Written once, by rank 0: the same files as the one-process run.
+    # Written once, by rank 0: the same files as the one-process run (full weights: a model directory).
     assert (tmp_path / "spawned" / "final_adapter" / "adapter_config.json").is_file()
+    assert (tmp_path / "full_fsdp" / "final_adapter" / "config.json").is_file()
 
 
 def test_a_launcher_that_started_another_rank_count_is_named(tmp_path: Path, tiny_model_dir: Path) -> None:
