@@ -5,9 +5,12 @@
 # for as long as the budget allows). Each part has its own time limit and writes under $OUT, so a part
 # cut short still leaves the others' figures.
 #
-# That machine has its own python3 with torch and CUDA, and no registry: the packages agl_bridge needs
-# beyond its image travel as wheels in .whl (transformers >= 5.19 and peft included; see the README's
-# "What was not run" for how they were chosen). Run it through the device tool, with `.whl` carried:
+# That machine has its own python3 (3.12) with torch and CUDA, and no registry: the packages agl_bridge
+# needs beyond its image travel as cp312 manylinux wheels in .whl (git-ignored): transformers 5.23 and
+# peft 0.21 (the image's transformers is older than the sampler needs), and for the demo what the proxy
+# imports and the image lacks (litellm, pydantic, fastapi, uvicorn, aiosqlite, opentelemetry, openai,
+# soundfile, ...). litellm's wheel, without its admin UI's static files, keeps the carry under 64 MiB.
+# Run it through the device tool, with `.whl` carried:
 #     bash bench/device_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
