@@ -495,14 +495,16 @@ class _Replica:
         with idle passes to the busiest rank's `passes`."""
         metrics = StepMetrics()
         outputs: list[dict[str, torch.Tensor]] = []
-        config = resolve_config(get_loss(loss_fn), loss_fn_config) if loss_fn is not None else {}
-        # The KL term's reference pass is a collective too, unless it runs on a whole frozen copy.
-        forwards = 2 if config.get("kl_coef") and not self.client._full_weights else 1
         if data:
             spec, config, tensors = self.client._prepare(data, loss_fn, loss_fn_config)
             metrics, outputs = self.client._accumulate(tensors, spec, config, backward)
-        for _ in range(passes - _passes(data, self.client._max_batch_tokens)):
-            _idle_pass(self.client, backward, forwards)
+        idle = passes - _passes(data, self.client._max_batch_tokens)
+        if idle > 0:
+            config = resolve_config(get_loss(loss_fn), loss_fn_config) if loss_fn is not None else {}
+            # The KL term's reference pass is a collective too, unless it runs on a whole frozen copy.
+            forwards = 2 if config.get("kl_coef") and not self.client._full_weights else 1
+            for _ in range(idle):
+                _idle_pass(self.client, backward, forwards)
         return metrics, outputs
 
     def reference(self, data: list[Datum], passes: int) -> list[torch.Tensor]:
@@ -676,8 +678,9 @@ class DataParallelTrainingClient(TrainingClient):
     def _shares(self, data: Sequence[Datum]) -> tuple[list[list[int]], int]:
         """Each rank's datum indices and, sharded, the micro-batches every rank runs (the busiest's)."""
         shards = shard_by_tokens([datum.num_tokens for datum in data], self._group.world_size)
-        passes = max(_passes([data[i] for i in shard], self._max_batch_tokens) for shard in shards)
-        return shards, passes if self._replica.sharded else 0
+        if not self._replica.sharded:
+            return shards, 0
+        return shards, max(_passes([data[i] for i in shard], self._max_batch_tokens) for shard in shards)
 
     def _forward_impl(
         self, data: Sequence[Datum], loss_fn: str | None, loss_fn_config: dict[str, Any] | None, backward: bool
