@@ -35,6 +35,12 @@ def split_numbers(seed: int = 1234) -> tuple[list[int], list[int], list[int]]:
 SHORT_NUMBER_WEIGHT = 6
 WARM_START_SPLIT_SEED = 7
 
+# "I'm 412." and the end of the turn are 8 tokens; 10 leaves room for "I am 412!". At 16, a run whose replies
+# never learned to stop ("I'm 55...855...'m5", seeds 7 and 9 of ten) trained on twice the tokens of one that
+# stopped, and with the loss a mean over a step's tokens the digits that earn the reward got half the push:
+# seed 7 learned slowest and ended at +0.786. The reward reads the claim, which fits in 10 either way.
+REPLY_MAX_TOKENS = 10
+
 
 def with_short_numbers_weighted(numbers: list[int]) -> list[int]:
     """`numbers` with each 1- or 2-digit number repeated SHORT_NUMBER_WEIGHT times: the training mix."""
@@ -94,6 +100,6 @@ def hello_agent(task: int, endpoint) -> None:
     response = client.chat.completions.create(
         model=endpoint.model,
         messages=[{"role": "user", "content": prompt_for(task)}],
-        max_tokens=16,
+        max_tokens=REPLY_MAX_TOKENS,
     )
     emit_reward(reward_for(response.choices[0].message.content, task))
