@@ -693,6 +693,55 @@ def view_command(
         pass
 
 
+@app.command("serve-tinker")
+def serve_tinker_command(
+    model: list[str] = typer.Option(
+        [],
+        "--model",
+        metavar="NAME=PATH",
+        help="Serve a model name recipes use from a local model: `Qwen/Qwen3-8B=tiny`, `NAME=/models/dir`; repeat for "
+        "several. Other names are loaded as themselves (`tiny`, a directory, a hub id in the local cache).",
+    ),
+    root: Path = typer.Option(
+        Path("runs/tinker"), "--root", metavar="DIR", help="Where checkpoints (tinker://... paths) are kept."
+    ),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback needs --api-key."),
+    port: int = typer.Option(8000, min=0, max=65535, help="Port to listen on (0 picks a free one)."),
+    api_key: str | None = typer.Option(
+        None, envvar="TINKER_API_KEY", help="Key clients must send (starting tml-); generated and printed if not given."
+    ),
+    device: str | None = typer.Option(None, help="Torch device for training and sampling (default: CUDA if any)."),
+) -> None:
+    """Serve the Tinker API: the unmodified `tinker` SDK and tinker-cookbook code train and sample here."""
+    from agl_bridge.proxy.server import ProxyStartError, bind_socket, is_loopback
+    from agl_bridge.tinker_api.server import TinkerServer, check_api_key
+
+    names: dict[str, str] = {}
+    for entry in model:
+        name, sep, target = entry.partition("=")
+        if not sep or not name or not target:
+            _fail(f"--model {entry!r}: expected NAME=PATH, e.g. --model Qwen/Qwen3-8B=tiny")
+        names[name] = target
+    if api_key is None and not is_loopback(host):
+        _fail(f"refusing to bind {host} (reachable from other machines) without --api-key tml-...; or bind 127.0.0.1")
+    try:
+        if api_key is not None:
+            check_api_key(api_key)
+        sock = bind_socket(host, port)
+    except (ProxyStartError, ValueError) as exc:
+        _fail(str(exc))
+    server = TinkerServer(sock, root.resolve(), models=names, api_key=api_key, device=device)
+    typer.echo(f"Tinker API at {server.base_url}  (checkpoints under {root.resolve()})", err=True)
+    typer.echo(f"  export TINKER_BASE_URL={server.base_url} TINKER_API_KEY={server.api_key}", err=True)
+    for name, target in names.items():
+        typer.echo(f"  {name} -> {target}", err=True)
+    typer.echo("  Ctrl-C stops", err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
 @app.command("plot")
 def plot_command(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="A training run directory (with metrics.jsonl)."),

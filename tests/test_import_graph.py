@@ -40,6 +40,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "export": FOUNDATION | {"convert", "store"},
     # the Tinker-shaped primitives: a training client publishing to a sampler; no proxy, runner, converter or store.
     "primitives": FOUNDATION | {"models", "sampler"},
+    # the Tinker API server: the SDK's wire protocol over the primitives and in-process samplers.
+    "tinker_api": FOUNDATION | {"models", "primitives", "sampler"},
     # train drives the runner and an in-process proxy, converts what they recorded and trains on it.
     "train": FOUNDATION | {"chat", "convert", "models", "primitives", "proxy", "runner", "sampler", "store"},
     # the harness of the reliability tests and benchmarks: proxies in subprocesses, load, fuzzing.
@@ -60,6 +62,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "sampler",
         "sampling_demo",
         "store",
+        "tinker_api",
         "tracing",
         "train",
         "viewer",

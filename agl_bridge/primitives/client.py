@@ -134,6 +134,24 @@ class OptimStepOutput:
     metrics: dict[str, float]
 
 
+@dataclass(frozen=True)
+class SamplerWeights:
+    """A CPU copy of the trained weights in the layout the in-process sampler loads: a snapshot that can be
+    loaded again after training has moved on (a Tinker sampling session pinned to its weights).
+
+    lora_scaling: the LoRA's alpha / rank; None when `tensors` are whole weights (full-weight training).
+    """
+
+    tensors: dict[str, torch.Tensor]
+    lora_scaling: float | None
+
+    def load_into(self, sampler: HFSampler | HFProcessSampler, version: int | None = None) -> int:
+        """Load these weights into `sampler` between two decode steps; returns its new policy version."""
+        if self.lora_scaling is None:
+            return sampler.load_weights(self.tensors, version=version)
+        return sampler.load_lora(self.tensors, scaling=self.lora_scaling, version=version)
+
+
 class TrainFuture(Generic[T]):
     """A queued training call: `await` it, or block with `result()`."""
 
@@ -444,6 +462,14 @@ class TrainingClient:
         """Queue `save_weights_and_get_sampling_client`."""
         return self._submit(self._sync_impl, name, version)
 
+    def save_weights_for_sampler_async(self, path: str | Path) -> TrainFuture[str]:
+        """Queue `save_weights_for_sampler`."""
+        return self._submit(self._save_weights_impl, Path(path))
+
+    def sampler_weights_async(self) -> TrainFuture[SamplerWeights]:
+        """Queue a copy of the current weights as the in-process sampler loads them (see `SamplerWeights`)."""
+        return self._submit(self._sampler_weights_impl)
+
     def close(self) -> None:
         """Finish queued calls, stop the worker, and close the sampler if this client created it."""
         if self._closed:
@@ -738,6 +764,10 @@ class TrainingClient:
         self.last_sync_s = time.perf_counter() - start
         # Adapter samplers (remote, vLLM) are token samplers too.
         return SamplingClient(cast(TokenSampler, sampler), weights_version=new_version, name=name)
+
+    def _sampler_weights_impl(self) -> SamplerWeights:
+        tensors = {key: value.to("cpu", copy=True) for key, value in self._sync_state_dict().items()}
+        return SamplerWeights(tensors, None if self._full_weights else self.lora_scaling)
 
     def _sync_state_dict(self) -> dict[str, torch.Tensor]:
         """The adapter in the layout `HFSampler.load_lora` takes, or the weights `load_weights` takes

@@ -27,6 +27,9 @@ them, else — with a rollout correction configured — the trainer's own curren
   it is GSPO's sequence objective times the sequence's trained tokens (``aggregation =
   "sequence_mean"`` gives GSPO exactly); per-token advantages (distillation) keep their credit.
   Default thresholds 1 − 3e-4 / 1 + 4e-4 (the paper's).
+* ``dro`` (Direct Reward Optimization, Tinker's form): −Σ w·(lp·A − β/2·(lp − s)²) with ``s`` the
+  sampler's logprobs; the gradient per token is −A + β·(lp − s), a pull back towards the sampler
+  instead of a ratio clip. ``beta`` defaults to 0.05 (Tinker's documented example).
 * Any loss: ``kl_coef`` > 0 adds kl_coef·Σ w·k3 with k3 = exp(ref − lp) − (ref − lp) − 1 against the
   reference (base) model's logprobs.
 
@@ -138,6 +141,15 @@ def gspo(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[s
     return LossOutput(-(weights * coef * objective).sum(), metrics)
 
 
+def dro(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> LossOutput:
+    """DRO: −Σ w·(lp·A − β/2·(lp − sampler_lp)²); the quadratic term holds the policy near the sampler."""
+    weights, advantages = inputs[WEIGHTS], inputs[ADVANTAGES]
+    # Placeholder logprobs on inactive positions must not reach the square (inf·0 = NaN).
+    gap = torch.where(weights > 0, lp - inputs[LOGPROBS], torch.zeros_like(lp))
+    objective = lp * advantages - 0.5 * config["beta"] * gap.square()
+    return LossOutput(-(weights * objective).sum(), {"dro_penalty": 0.5 * gap.detach().square()})
+
+
 def kl_k3(lp: torch.Tensor, ref_lp: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of KL(policy ‖ reference): exp(ref − lp) − (ref − lp) − 1 (>= 0)."""
     delta = ref_lp - lp
@@ -213,6 +225,8 @@ LOSSES: dict[str, LossSpec] = {
             _RL_INPUTS,
             {**_GSPO_CLIP_DEFAULTS, **_CORRECTION_DEFAULTS, "correction_level": "sequence", "kl_coef": 0.0},
         ),
+        # beta 0.05: Tinker's documented example (its docs give no default).
+        LossSpec("dro", dro, _RL_INPUTS, {"beta": 0.05, "kl_coef": 0.0}),
     )
 }
 """The built-in losses by name."""
@@ -245,6 +259,8 @@ def resolve_config(spec: LossSpec, config: Mapping[str, Any] | None) -> dict[str
             continue
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise ValueError(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
+    if resolved.get("beta", 0.0) < 0:
+        raise ValueError(f"loss_fn_config['beta'] must be >= 0, got {resolved['beta']}")
     if resolved.get("kl_coef", 0.0) < 0:
         raise ValueError(f"loss_fn_config['kl_coef'] must be >= 0, got {resolved['kl_coef']}")
     cap = resolved.get("tis_cap")

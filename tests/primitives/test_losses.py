@@ -118,6 +118,18 @@ def test_ppo_with_old_logprobs_uses_them_and_tis_corrects_the_sampler_gap() -> N
     assert metrics["tis_capped_frac"] == 1.0
 
 
+def test_dro_value_and_gradient_pull_towards_the_sampler() -> None:
+    loss, grad, metrics = _run("dro", LP, {"beta": 0.5}, logprobs=S, advantages=ADV, weights=W)
+    # gaps lp - s on the active tokens: 0.1, 0, -0.5; objective lp*A - beta/2*gap^2 per token:
+    # -1 - 0.0025, 1, -1 - 0.0625 -> sum -1.065, loss +1.065
+    assert loss == pytest.approx(1.065, abs=1e-12)
+    # d/dlp of -(lp*A - beta/2*gap^2) = -A + beta*gap
+    assert grad == pytest.approx([-1.0 + 0.05, 2.0, -0.5 - 0.25, 0.0], abs=1e-12)
+    assert metrics["dro_penalty"] == pytest.approx((0.005 + 0 + 0.125) / 3, abs=1e-12)
+    default, _, _ = _run("dro", LP, logprobs=S, advantages=ADV, weights=W)
+    assert default == pytest.approx(-(-1.0 + 1.0 - 1.0) + 0.05 / 2 * (0.01 + 0.25), abs=1e-12)
+
+
 def test_kl_k3_values_and_penalty() -> None:
     # ref - lp = [-0.5, 1.0]: e^-0.5 + 0.5 - 1 = 0.10653065971263342, e - 2 = 0.7182818284590451
     k3 = kl_k3(torch.tensor([-1.0, -2.0], dtype=torch.float64), torch.tensor([-1.5, -1.0], dtype=torch.float64))
@@ -153,6 +165,7 @@ def test_unknown_loss_lists_the_known_ones() -> None:
         ("importance_sampling", {"clip_low_threshold": 0.8}, "not used by loss 'importance_sampling'"),
         ("cross_entropy", {"kl_coef": -1.0}, "kl_coef"),
         ("cispo", {"clip_high_threshold": float("nan")}, "finite"),
+        ("dro", {"beta": -0.1}, "beta"),
     ],
 )
 def test_bad_loss_config_is_refused_with_the_key(name: str, config: dict, match: str) -> None:

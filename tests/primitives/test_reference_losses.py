@@ -313,6 +313,26 @@ def test_gspo_is_the_sequence_objective_with_one_advantage_per_sequence(seed: in
     assert float((grad - leaf.grad).abs().max()) <= TOLERANCE
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("beta", [0.0, 0.05, 1.5])
+def test_dro_by_loops(seed: int, beta: float) -> None:
+    """DRO token by token: −Σ w·(lp·A − β/2·(lp − s)²), and its gradient −w·(A − β·(lp − s)) as a formula."""
+    case = random_case(seed)
+    value, grad, metrics = production("dro", case, {"beta": beta})
+    expected, penalty, count = 0.0, 0.0, 0
+    for row in range(ROWS):
+        for t in case.active(row):
+            lp, sampler = float(case.lp[row, t]), float(case.sampler[row, t])
+            advantage, weight = float(case.advantages[row, t]), float(case.weights[row, t])
+            expected -= weight * (lp * advantage - beta / 2 * (lp - sampler) ** 2)
+            penalty += 0.5 * (lp - sampler) ** 2
+            count += 1
+            assert float(grad[row, t]) == pytest.approx(-weight * (advantage - beta * (lp - sampler)), abs=TOLERANCE)
+    assert value == pytest.approx(expected, abs=TOLERANCE)
+    assert metrics["dro_penalty"] == pytest.approx(penalty / count, abs=TOLERANCE)
+    assert float(grad[case.weights == 0].abs().max()) == 0.0, "inactive tokens get no gradient"
+
+
 @pytest.mark.parametrize("name", ["cross_entropy", "importance_sampling", "ppo", "gspo"])
 def test_kl_penalty(name: str) -> None:
     config: dict[str, Any] = {"kl_coef": 0.3}
