@@ -9,6 +9,10 @@ the two losses over the steps, the largest |ratio − 1| of sampler vs trainer p
 sampled tokens (the wire's trainer logprobs against the wire's sampler logprobs: the on-policy step
 must see ratio 1), and the median wall time of a step through the wire and in-process.
 
+Then the wire's own cost, `--calls` times each: a `forward_backward` of one 16-token datum through the
+SDK, less the compute the server's client measured for it (its `time_s` metric); and an SDK `sample`
+of one token, less the median of the same request to an in-process sampler of the same model.
+
     .venv/bin/python bench/tinker_wire.py [--steps 5] [--group 8] [--max-tokens 24]
 """
 
@@ -32,6 +36,8 @@ from tinker import types
 
 from agl_bridge.primitives import AdamParams, Datum, TrainingClient
 from agl_bridge.proxy.server import bind_socket
+from agl_bridge.sampler.base import SamplingParams
+from agl_bridge.sampler.hf import HFSampler
 from agl_bridge.tinker_api.server import TinkerServer
 
 PROMPT = "Let's play a game. Say you are 42."
@@ -43,6 +49,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="agl-tinker-bench-"))
@@ -88,6 +95,7 @@ def main() -> None:
                 trainer = output["logprobs"].to_numpy()[len(prompt) - 1 :]
                 ratio_gaps.extend(abs(math.exp(t - s) - 1.0) for t, s in zip(trainer, reply.logprobs, strict=True))
         local.close()
+        overhead = wire_overhead(training, service, prompt[:16], args.calls)
     print(
         json.dumps(
             {
@@ -100,9 +108,43 @@ def main() -> None:
                 "tokens_compared": len(ratio_gaps),
                 "step_s_wire_median": round(statistics.median(wire_s), 4),
                 "step_s_in_process_median": round(statistics.median(local_s), 4),
+                **overhead,
             }
         )
     )
+
+
+def wire_overhead(
+    training: tinker.TrainingClient, service: tinker.ServiceClient, tokens: list[int], calls: int
+) -> dict[str, float]:
+    """p50 milliseconds the wire adds to a small forward_backward and to a one-token sample."""
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+    )
+    fb_extra = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        result = training.forward_backward([datum], "cross_entropy").result()
+        fb_extra.append(time.perf_counter() - started - result.metrics["time_s:max"])
+    one_token = types.SamplingParams(max_tokens=1, temperature=1.0)
+    sdk_s, local_s = [], []
+    # Loaded before the server loads its base sampler: transformers cannot load two models at once.
+    with HFSampler.from_pretrained("tiny", device="cpu") as local:
+        sampler = service.create_sampling_client(base_model="Qwen/Qwen3-8B")
+        for _ in range(calls):
+            started = time.perf_counter()
+            sampler.sample(types.ModelInput.from_ints(tokens), 1, one_token).result()
+            sdk_s.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            local.sample(tokens, SamplingParams(max_tokens=1))
+            local_s.append(time.perf_counter() - started)
+    return {
+        "forward_backward_overhead_ms_p50": round(1000 * statistics.median(fb_extra), 2),
+        "sample_overhead_ms_p50": round(1000 * (statistics.median(sdk_s) - statistics.median(local_s)), 2),
+        "sample_ms_p50_sdk": round(1000 * statistics.median(sdk_s), 2),
+        "sample_ms_p50_in_process": round(1000 * statistics.median(local_s), 2),
+    }
 
 
 if __name__ == "__main__":

@@ -27,6 +27,11 @@ class SkipGroup:
 SKIP_GROUPS: tuple[SkipGroup, ...] = (
     SkipGroup("vLLM tests", ("vLLM venv is not built",), "run `bash scripts/vllm_env.sh` first"),
     SkipGroup(
+        "tinker-cookbook tests",
+        ("tinker-cookbook site is not built",),
+        "run `bash scripts/tinker_cookbook_env.sh` first",
+    ),
+    SkipGroup(
         "Browser tests",
         ("no Chromium at",),
         "install Chromium first: `apt-get install -y chromium` (as root)",

@@ -68,6 +68,7 @@ def test_under_ci_a_skip_of_what_ci_provides_fails_the_run(tmp_path: Path) -> No
 def test_every_reason_the_suite_gives_finds_its_group() -> None:
     reasons = {
         "the vLLM venv is not built (/root/.cache/vllm): run bash scripts/vllm_env.sh": "vLLM tests",
+        "the tinker-cookbook site is not built (/x): run bash scripts/tinker_cookbook_env.sh": "tinker-cookbook tests",
         "no Chromium at /usr/bin/chromium: install Debian's chromium (apt-get install -y chromium)": "Browser tests",
         "playwright is not installed (pip install -e '.[dev]')": "Python extras tests",
         "no PostgreSQL server can run here: no PostgreSQL server binaries (initdb, pg_ctl) found": "PostgreSQL tests",

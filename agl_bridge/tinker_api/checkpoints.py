@@ -45,6 +45,7 @@ class CheckpointPath:
                 f"{text!r} is not a checkpoint path; expected tinker://<model_id>/weights/<name> or "
                 "tinker://<model_id>/sampler_weights/<name>, as save_state / save_weights_for_sampler return"
             )
+        check_name(parts[0])  # a model id of ".." would lead out of the checkpoint directory
         check_name(parts[2])
         return cls(parts[0], parts[1], parts[2])  # type: ignore[arg-type]  # checked against _CHECKPOINT_TYPES
 
@@ -62,9 +63,13 @@ class CheckpointPath:
 
 
 def check_name(name: str) -> str:
-    """A checkpoint name is one path segment; CheckpointPathError otherwise."""
+    """A checkpoint name (or model id) is one path segment inside the checkpoint directory; CheckpointPathError
+    otherwise."""
     if not name or "/" in name or "\\" in name or name in (".", ".."):
-        raise CheckpointPathError(f"checkpoint name {name!r} must be one path segment (no '/'), e.g. '000020'")
+        raise CheckpointPathError(
+            f"{name!r} must be one path segment (no '/', not '..'), e.g. '000020': checkpoints stay in the "
+            "server's checkpoint directory"
+        )
     return name
 
 

@@ -11,6 +11,7 @@ import asyncio
 import datetime
 import itertools
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,10 @@ from agl_bridge.tinker_api.gate import SamplerGate
 from agl_bridge.tinker_api.wire import ForwardBackwardCall, encode_forward_backward, encode_sample
 
 log = logging.getLogger(__name__)
+
+# transformers' model loading is not safe in two threads at once (its init contexts are process-wide: a
+# concurrent load can leave parameters on the meta device), so the server loads one model at a time.
+_LOADING = threading.Lock()
 
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
@@ -449,6 +454,10 @@ class TinkerService:
         base_path = self.models.resolve(run.base_name)
 
         def build() -> tuple[TrainingClient, SamplerGate]:
+            with _LOADING:
+                return construct()
+
+        def construct() -> tuple[TrainingClient, SamplerGate]:
             client = TrainingClient(
                 base_path,
                 lora_rank=run.lora["rank"],
@@ -486,8 +495,12 @@ class TinkerService:
     async def _base_sampler(self, base_model: str) -> HFSampler:
         path = self.models.resolve(base_model)
         if path not in self._base_samplers:
-            device = self._device
-            self._base_samplers[path] = await asyncio.to_thread(HFSampler.from_pretrained, path, device=device)
+
+            def construct() -> HFSampler:
+                with _LOADING:
+                    return HFSampler.from_pretrained(path, device=self._device)
+
+            self._base_samplers[path] = await asyncio.to_thread(construct)
         return self._base_samplers[path]
 
     def _existing(self, checkpoint: CheckpointPath) -> Path:

@@ -180,7 +180,17 @@ def test_refusals_come_back_as_the_sdks_errors_and_the_server_stays_up(
         assert garbage.status_code == 400 and "ForwardBackwardRequest" in garbage.json()["detail"]
         missing = http.post("/api/v1/optim_step", json={"model_id": training.model_id}, headers=headers)
         assert missing.status_code == 400 and "adam_params" in missing.json()["detail"]
-        assert http.post("/api/v1/create_session", json={}, headers={"X-API-Key": "tml-wrong"}).status_code == 401
+        wrong_key = http.post("/api/v1/create_session", json={}, headers={"X-API-Key": "tml-wrong"})
+        assert wrong_key.status_code == 401 and "X-API-Key" in wrong_key.json()["detail"]
+        gone = http.post("/api/v1/retrieve_future", json={"request_id": "sample-999999"}, headers=headers)
+        assert gone.status_code == 404 and "sample-999999" in gone.json()["detail"]
+        for path in ("tinker://../weights/x", f"tinker://{training.model_id}/weights/..", "/etc/passwd"):
+            escape = http.post(
+                "/api/v1/load_weights",
+                json={"model_id": training.model_id, "seq_id": 99, "path": path, "optimizer": False},
+                headers=headers,
+            )
+            assert escape.status_code == 400 and "checkpoint" in escape.json()["detail"], path
     # Still serving, and the run still trains.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
