@@ -22,6 +22,7 @@ from agl_bridge.models.loading import load_causal_lm, load_tokenizer, resolve_mo
 from agl_bridge.primitives.checkpoint import CheckpointMismatchError
 from agl_bridge.primitives.client import AdamParams, SamplerWeights, TrainingClient
 from agl_bridge.primitives.lora import untie_output_embeddings
+from agl_bridge.primitives.losses import get_loss
 from agl_bridge.sampler.base import SamplingParams
 from agl_bridge.sampler.hf import HFSampler
 from agl_bridge.tinker_api.checkpoints import (
@@ -33,6 +34,7 @@ from agl_bridge.tinker_api.checkpoints import (
 )
 from agl_bridge.tinker_api.futures import FutureTable, Outcome
 from agl_bridge.tinker_api.gate import SamplerGate
+from agl_bridge.tinker_api.signed_weights import has_negative_weights, signed_cross_entropy, signed_loss
 from agl_bridge.tinker_api.wire import ForwardBackwardCall, encode_forward_backward, encode_sample
 
 log = logging.getLogger(__name__)
@@ -265,11 +267,20 @@ class TinkerService:
         """Queue forward (or forward + backward) in seq order; the result is protobuf."""
         run = self.run(call.model_id)
         loss_fn, config = call.loss_fn, call.loss_fn_config
+        if loss_fn == "stable_reinforce":
+            raise UserError(
+                "loss_fn 'stable_reinforce' is not served: Tinker has not published its objective, so it cannot be "
+                "reproduced exactly; use importance_sampling, cispo or gspo (rl_loop: loss_fn=importance_sampling)"
+            )
+        if loss_fn or not call.forward_only:
+            get_loss(loss_fn)  # an unknown loss is refused now (400), naming the known ones
 
         def start() -> Awaitable[Outcome]:
             client = _client(run)
             if call.forward_only:
                 future = client.forward_async(call.data, loss_fn or None, config or None)
+            elif loss_fn == "cross_entropy" and not config and has_negative_weights(call.data):
+                future = client.forward_backward_custom_async(signed_cross_entropy(call.data), signed_loss)
             else:
                 future = client.forward_backward_async(call.data, loss_fn, config or None)
 

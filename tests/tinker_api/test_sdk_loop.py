@@ -79,6 +79,30 @@ def test_the_sdk_loop_trains_like_our_client_in_process(service_client: tinker.S
     assert len(forward.loss_fn_outputs[0]["logprobs"].to_numpy()) == len(tokens) - 1
 
 
+def test_forward_backward_custom_trains_like_our_custom_loss(service_client: tinker.ServiceClient) -> None:
+    """The SDK runs a custom loss client-side and sends its gradient as signed cross-entropy weights."""
+    training = service_client.create_lora_training_client(base_model=RECIPE_NAME, rank=4, seed=5).result()
+    tokens = _tokens(training)
+
+    def push_away(data: list, logprobs: list) -> tuple[torch.Tensor, dict[str, float]]:
+        # Lower the logprob of the second half, raise the first: gradients of both signs.
+        lp = logprobs[0]
+        half = len(lp) // 2
+        return lp[half:].sum() - lp[:half].sum(), {"custom:mean": 1.0}
+
+    wire = training.forward_backward_custom([_datum(tokens)], push_away).result()
+    training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    local = TrainingClient("tiny", lora_rank=4, seed=5, train_unembedding=True)
+    local_datum = Datum(tokens[:-1], {"target_tokens": tokens[1:], "weights": [0.0] + [1.0] * (len(tokens) - 2)})
+    ours = local.forward_backward_custom([local_datum], lambda data, logprobs: push_away(data, logprobs))
+    local.optim_step(AdamParams(learning_rate=1e-2, eps=1e-12, grad_clip_norm=None))
+    assert wire.metrics["loss:sum"] == pytest.approx(ours.metrics["loss"], rel=1e-5)
+    after_wire = training.forward([_datum(tokens)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"]
+    after_local = local.forward([local_datum], "cross_entropy").loss_fn_outputs[0]["logprobs"]
+    local.close()
+    assert np.allclose(after_wire.to_numpy(), after_local.numpy(), atol=1e-5)
+
+
 def test_sampling_sessions_pin_their_snapshot_while_training_goes_on(service_client: tinker.ServiceClient) -> None:
     training = service_client.create_lora_training_client(base_model=RECIPE_NAME, rank=4).result()
     tokens = _tokens(training)
@@ -158,9 +182,10 @@ def test_refusals_come_back_as_the_sdks_errors_and_the_server_stays_up(
 ) -> None:
     training = service_client.create_lora_training_client(base_model=RECIPE_NAME, rank=4).result()
     tokens = _tokens(training)
-    with pytest.raises(tinker.RequestFailedError) as unknown_loss:
-        training.forward_backward([_datum(tokens)], "grpo").result()
-    assert "grpo" in str(unknown_loss.value) and "known losses" in str(unknown_loss.value)
+    for loss, message in (("grpo", "known losses"), ("stable_reinforce", "has not published its objective")):
+        with pytest.raises(tinker.BadRequestError) as refused:
+            training.forward_backward([_datum(tokens)], loss).result()
+        assert refused.value.status_code == 400 and loss in str(refused.value) and message in str(refused.value)
     bad = types.Datum(
         model_input=types.ModelInput.from_ints(tokens[:-1]),
         loss_fn_inputs={
