@@ -1,7 +1,7 @@
 """tinker-cookbook's `sl_loop` then `rl_loop`, unmodified, against `agl-bridge serve-tinker` on the tiny model, offline:
 does the supervised loss fall, and does the RL reward rise?
 
-The recipes' hub downloads come from an offline HF_HOME (`tests/tinker_api/cookbook_offline.py`): the name
+The recipes' hub downloads come from an offline HF_HOME (`agl_bridge/testing/tinker_cookbook.py`): the name
 `Qwen/Qwen3-8B` is served by the tiny model; no_robots holds sums answered `\\boxed{0}` or `\\boxed{1}`
 (a warm start that teaches the format), gsm8k those sums with every answer 0. `rl_loop` resumes
 from `sl_loop`'s last checkpoint (the recipes' own resume) and learns to answer 0. Prints one JSON
@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from agl_bridge.proxy.server import bind_socket
-from agl_bridge.testing.proxy_process import child_env
+from agl_bridge.testing.tinker_cookbook import cookbook_env
 from agl_bridge.tinker_api.server import TinkerServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,19 +46,7 @@ def main() -> None:
     ).stdout.strip()
     work = Path(tempfile.mkdtemp(prefix="agl-cookbook-bench-"))
     with TinkerServer(bind_socket("127.0.0.1", 0), work / "root", models={MODEL: "tiny"}) as server:
-        env = {
-            **child_env(),
-            "PYTHONPATH": os.pathsep.join([site, str(REPO)]),
-            "HF_HOME": str(work / "hf"),
-            "HF_HUB_OFFLINE": "1",
-            "HF_DATASETS_OFFLINE": "1",
-            "TINKER_BASE_URL": server.base_url,
-            "TINKER_API_KEY": server.api_key,
-            "TINKER_TELEMETRY": "0",
-            "WANDB_MODE": "disabled",
-        }
-        offline = REPO / "tests" / "tinker_api" / "cookbook_offline.py"
-        subprocess.run([sys.executable, str(offline), str(work / "hf")], env=env, check=True, capture_output=True)
+        env = cookbook_env(site, server.base_url, server.api_key, work / "hf")
         log = work / "run"
         common = [f"base_url={server.base_url}", f"model_name={MODEL}", f"log_path={log}", "save_every=0"]
         sl_s = recipe(env, "sl_loop", *common, "batch_size=8", "learning_rate=1e-2")

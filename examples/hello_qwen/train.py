@@ -1,6 +1,6 @@
 """Train the hello agent: a short supervised warm start, then GRPO through the proxy, on a CPU.
 
-    python examples/hello_qwen/train.py                       # the tiny default model, 10–12 minutes
+    python examples/hello_qwen/train.py                       # the tiny default model, 9–11 minutes
     python examples/hello_qwen/train.py --quick               # a few steps, to check the pipeline
     python examples/hello_qwen/train.py --model Qwen/Qwen3-4B-Instruct-2507 --no-warm-start   # a GPU
     python examples/hello_qwen/train.py --sampler vllm        # sample with an in-process vLLM engine

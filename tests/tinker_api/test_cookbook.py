@@ -2,7 +2,7 @@
 the capture proxy recording an agent's chat calls.
 
 The recipes fetch their model's tokenizer and their data sets from the Hugging Face hub; here those
-come from an offline HF_HOME (`cookbook_offline.py`): the recipe name `Qwen/Qwen3-8B` is served by the
+come from an offline HF_HOME (`agl_bridge/testing/tinker_cookbook.py`): `Qwen/Qwen3-8B` is served by the
 tiny model, no_robots holds sums answered `\\boxed{0}` / `\\boxed{1}` (so after sl_loop the model
 boxes its answers and rl_loop's groups get unequal rewards), gsm8k holds the sums, every answer 0.
 The cookbook runs from the folder `scripts/tinker_cookbook_env.sh` builds (its pins do not resolve
@@ -27,7 +27,7 @@ import pytest
 from shared_helpers import REPO, free_port
 
 from agl_bridge.proxy.server import bind_socket
-from agl_bridge.testing.proxy_process import child_env
+from agl_bridge.testing.tinker_cookbook import cookbook_env
 from agl_bridge.tinker_api.server import TinkerServer
 
 pytestmark = pytest.mark.slow
@@ -57,21 +57,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerServer]:
 
 @pytest.fixture(scope="module")
 def env(cookbook_site: Path, server: TinkerServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    hf_home = tmp_path_factory.mktemp("hf-home")
-    environment = {
-        **child_env(),
-        "PYTHONPATH": os.pathsep.join([str(cookbook_site), str(REPO)]),
-        "HF_HOME": str(hf_home),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TINKER_BASE_URL": server.base_url,
-        "TINKER_API_KEY": server.api_key,
-        "TINKER_TELEMETRY": "0",
-        "WANDB_MODE": "disabled",
-    }
-    offline = Path(__file__).with_name("cookbook_offline.py")
-    subprocess.run([sys.executable, str(offline), str(hf_home)], env=environment, check=True, timeout=300)
-    return environment
+    return cookbook_env(cookbook_site, server.base_url, server.api_key, tmp_path_factory.mktemp("hf-home"))
 
 
 def _recipe(env: dict[str, str], recipe: str, *arguments: str) -> None:

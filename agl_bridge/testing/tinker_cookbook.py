@@ -1,5 +1,6 @@
-"""Offline stand-ins for what tinker-cookbook's recipes fetch from the Hugging Face hub, written into an
-HF_HOME the recipes then read with the hub offline: nothing in a recipe is edited.
+"""Running tinker-cookbook's recipes offline against our Tinker API server (its contract tests and
+`bench/tinker_cookbook.py`): their environment, and stand-ins for what they fetch from the Hugging Face
+hub, written into an HF_HOME the recipes then read with the hub offline — nothing in a recipe is edited.
 
 - `Qwen/Qwen3-8B`'s tokenizer: the tiny model's (same ChatML special tokens), as a hub-cache snapshot.
 - `HuggingFaceH4/no_robots` (sl_loop's data): conversations that answer a sum with `\\boxed{0}` or
@@ -7,18 +8,24 @@ HF_HOME the recipes then read with the hub offline: nothing in a recipe is edite
 - `openai/gsm8k` config `main` (rl_loop's data): those sums, every answer `#### 0`.
 
 The datasets are written as the datasets library's own cache of a prepared dataset (what it reads
-offline once a dataset was loaded). Run with the cookbook's site on PYTHONPATH (it needs `datasets`):
+offline once a dataset was loaded). Written by a process with the cookbook's folder on PYTHONPATH
+(it needs `datasets`):
 
-    python tests/tinker_api/cookbook_offline.py HF_HOME
+    python -m agl_bridge.testing.tinker_cookbook HF_HOME
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from agl_bridge.models.loading import resolve_model_path
+from agl_bridge.testing.proxy_process import child_env
 
 QUESTIONS = 256
 SUFFIX = " Provide a numerical answer without units, written inside \\boxed{}."
@@ -63,10 +70,27 @@ def write_dataset(hf_home: Path, repo: str, splits: dict[str, list[dict]], confi
     (target / "dataset_info.json").write_text(json.dumps(info))
 
 
+def cookbook_env(site: str | Path, base_url: str, api_key: str, hf_home: Path) -> dict[str, str]:
+    """The environment a recipe runs in: the cookbook's folder importable, the hub offline at `hf_home` (with
+    the stand-ins written there), the SDK pointed at our server, telemetry off."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {
+        **child_env(),
+        "PYTHONPATH": os.pathsep.join([str(site), str(repo)]),
+        "HF_HOME": str(hf_home),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TINKER_BASE_URL": base_url,
+        "TINKER_API_KEY": api_key,
+        "TINKER_TELEMETRY": "0",
+        "WANDB_MODE": "disabled",
+    }
+    subprocess.run([sys.executable, "-m", __name__, str(hf_home)], env=env, check=True, capture_output=True)
+    return env
+
+
 def main() -> None:
     """Write every stand-in into the HF_HOME given as the first argument."""
-    from agl_bridge.models.loading import resolve_model_path
-
     hf_home = Path(sys.argv[1])
     write_tokenizer_repo(hf_home, Path(resolve_model_path("tiny")))
     questions = [f"What is {i} minus {i}?" for i in range(QUESTIONS)]
