@@ -13,7 +13,8 @@ import itertools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,7 @@ class TrainingRun:
         self.last_request = datetime.datetime.now(datetime.UTC)
         self._futures = futures
         self._next_seq = 1  # creating the model is call 0
-        self._pending: dict[int, tuple[str, Callable[[], Awaitable[Outcome]]]] = {}
+        self._pending: dict[int, tuple[str, Callable[[], Awaitable[Outcome]]] | None] = {}  # None: refused
         self._request_of_seq: dict[int, str] = {}
         self._snapshots: OrderedDict[str, Snapshot] = OrderedDict()
         self._named: set[str] = set()
@@ -128,6 +129,19 @@ class TrainingRun:
         self._pending[seq_id] = (request_id, start)
         self._pump()
         return request_id
+
+    @contextmanager
+    def refusing(self, seq_id: int) -> Iterator[None]:
+        """Around a call's checks: a call refused before it is queued still takes its turn (as a no-op), or
+        every later call of this client, numbered after it by the SDK, would wait for it forever."""
+        try:
+            yield
+        except Exception:
+            if seq_id not in self._request_of_seq and seq_id >= self._next_seq:
+                self._request_of_seq[seq_id] = ""
+                self._pending[seq_id] = None
+                self._pump()
+            raise
 
     def snapshot(self, key: str) -> Snapshot:
         """A snapshot of this run by key; UserError when it is gone."""
@@ -156,8 +170,11 @@ class TrainingRun:
         if self.client is None:
             return
         while self._next_seq in self._pending:
-            request_id, start = self._pending.pop(self._next_seq)
+            queued = self._pending.pop(self._next_seq)
             self._next_seq += 1
+            if queued is None:
+                continue
+            request_id, start = queued
             try:
                 awaitable = start()
             except Exception as error:  # a refusal before anything was queued
@@ -267,13 +284,15 @@ class TinkerService:
         """Queue forward (or forward + backward) in seq order; the result is protobuf."""
         run = self.run(call.model_id)
         loss_fn, config = call.loss_fn, call.loss_fn_config
-        if loss_fn == "stable_reinforce":
-            raise UserError(
-                "loss_fn 'stable_reinforce' is not served: Tinker has not published its objective, so it cannot be "
-                "reproduced exactly; use importance_sampling, cispo or gspo (rl_loop: loss_fn=importance_sampling)"
-            )
-        if loss_fn or not call.forward_only:
-            get_loss(loss_fn)  # an unknown loss is refused now (400), naming the known ones
+        with run.refusing(call.seq_id):
+            if loss_fn == "stable_reinforce":
+                raise UserError(
+                    "loss_fn 'stable_reinforce' is not served: Tinker has not published its objective, so it "
+                    "cannot be reproduced exactly; use importance_sampling, cispo or gspo "
+                    "(rl_loop: loss_fn=importance_sampling)"
+                )
+            if loss_fn or not call.forward_only:
+                get_loss(loss_fn)  # an unknown loss is refused now (400), naming the known ones
 
         def start() -> Awaitable[Outcome]:
             client = _client(run)
@@ -296,16 +315,17 @@ class TinkerService:
     def optim_step(self, model_id: str, seq_id: int, adam: Mapping[str, Any]) -> str:
         """Queue an AdamW step with the client's own parameters (the SDK's defaults, not ours)."""
         run = self.run(model_id)
-        clip = adam.get("grad_clip_norm")
-        params = AdamParams(
-            learning_rate=float(adam.get("learning_rate", 1e-4)),
-            beta1=float(adam.get("beta1", 0.9)),
-            beta2=float(adam.get("beta2", 0.95)),
-            eps=float(adam.get("eps", 1e-12)),
-            weight_decay=float(adam.get("weight_decay", 0.0)),
-            grad_clip_norm=float(clip) if clip else None,
-        )
-        params.validate()
+        with run.refusing(seq_id):
+            clip = adam.get("grad_clip_norm")
+            params = AdamParams(
+                learning_rate=float(adam.get("learning_rate", 1e-4)),
+                beta1=float(adam.get("beta1", 0.9)),
+                beta2=float(adam.get("beta2", 0.95)),
+                eps=float(adam.get("eps", 1e-12)),
+                weight_decay=float(adam.get("weight_decay", 0.0)),
+                grad_clip_norm=float(clip) if clip else None,
+            )
+            params.validate()
 
         def start() -> Awaitable[Outcome]:
             future = _client(run).optim_step_async(params)
@@ -321,7 +341,8 @@ class TinkerService:
     def save_state(self, model_id: str, seq_id: int, name: str) -> str:
         """Queue `save_state` under `tinker://<model_id>/weights/<name>`."""
         run = self.run(model_id)
-        path = CheckpointPath(model_id, "weights", check_name(name))
+        with run.refusing(seq_id):
+            path = CheckpointPath(model_id, "weights", check_name(name))
 
         def start() -> Awaitable[Outcome]:
             future = _client(run).save_state_async(path.directory(self.root))
@@ -337,7 +358,8 @@ class TinkerService:
     def load_state(self, model_id: str, seq_id: int, path: str, *, optimizer: bool) -> str:
         """Queue loading a saved state into an existing run (the SDK's older `load_state`)."""
         run = self.run(model_id)
-        directory = self._existing(CheckpointPath.parse(path))
+        with run.refusing(seq_id):
+            directory = self._existing(CheckpointPath.parse(path))
 
         def start() -> Awaitable[Outcome]:
             future = _client(run).load_state_async(directory, optimizer=optimizer)
@@ -356,7 +378,8 @@ class TinkerService:
         """Queue a snapshot of the weights for sampling: named (a `sampler_weights` checkpoint on disk) or
         not (a new sampling session on it, pinned, or following the newest weights when `follow`)."""
         run = self.run(model_id)
-        path = CheckpointPath(model_id, "sampler_weights", check_name(name)) if name is not None else None
+        with run.refusing(seq_id):
+            path = CheckpointPath(model_id, "sampler_weights", check_name(name)) if name is not None else None
         session_id = model_id.split(":train:")[0]
 
         def start() -> Awaitable[Outcome]:
