@@ -32,9 +32,9 @@ def test_the_command_serves_the_sdk_and_stops_on_sigint(tmp_path: Path) -> None:
         lines = [process.stderr.readline() for _ in range(2)]
         url = re.search(r"TINKER_BASE_URL=(\S+) TINKER_API_KEY=(\S+)", lines[1])
         assert url, lines
+        capabilities = tinker.RestClient(base_url=url[1], api_key=url[2]).get_server_capabilities().result()
+        assert [m.model_name for m in capabilities.supported_models] == ["Qwen/Qwen3-8B"]
         with tinker.ServiceClient(base_url=url[1], api_key=url[2]) as service:
-            names = [m.model_name for m in service.get_server_capabilities().supported_models]
-            assert names == ["Qwen/Qwen3-8B"]
             training = service.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result()
             path = training.save_state("first").result().path
         assert (tmp_path / training.model_id / "weights" / "first").is_dir(), path
