@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agl_bridge.sampler.base import SamplingParamError, SamplingParams
-from agl_bridge.tinker_api.checkpoints import CheckpointPathError, delete_checkpoint, list_checkpoints
+from agl_bridge.sampler.base import SamplingParams
+from agl_bridge.tinker_api.checkpoints import delete_checkpoint, list_checkpoints
 from agl_bridge.tinker_api.service import TinkerService, UserError
-from agl_bridge.tinker_api.wire import WireError, decode_forward_backward
+from agl_bridge.tinker_api.wire import decode_forward_backward
 
 PROTOBUF = "application/x-protobuf"
 
@@ -51,7 +51,7 @@ def create_app(service: TinkerService, api_key: str) -> Starlette:
                 return JSONResponse({"detail": "missing or wrong X-API-Key; use the key the server printed"}, 401)
             try:
                 return await handler(request)
-            except (UserError, WireError, CheckpointPathError, SamplingParamError, ValueError) as error:
+            except ValueError as error:  # our refusals (UserError, WireError, CheckpointPathError, ...) are ValueErrors
                 return JSONResponse({"detail": str(error)}, 400)
 
         return endpoint

@@ -44,6 +44,7 @@ class FutureTable:
         self._keep_s = keep_s
         self._entries: dict[str, _Entry] = {}
         self._ids = itertools.count(1)
+        self._next_expiry = time.monotonic() + keep_s
 
     def create(self, kind: str) -> str:
         """A new pending request id (`kind` names the call, for logs and for the reader)."""
@@ -76,7 +77,11 @@ class FutureTable:
         return entry.outcome
 
     def _expire(self) -> None:
+        # A sweep walks every entry: once per `keep_s`, not on every new request.
         now = time.monotonic()
+        if now < self._next_expiry:
+            return
+        self._next_expiry = now + self._keep_s
         stale = [
             key
             for key, entry in self._entries.items()

@@ -36,7 +36,7 @@ from agl_bridge.tinker_api.checkpoints import (
 from agl_bridge.tinker_api.futures import FutureTable, Outcome
 from agl_bridge.tinker_api.gate import SamplerGate
 from agl_bridge.tinker_api.signed_weights import has_negative_weights, signed_cross_entropy, signed_loss
-from agl_bridge.tinker_api.wire import ForwardBackwardCall, encode_forward_backward, encode_sample
+from agl_bridge.tinker_api.wire import ForwardBackwardCall, encode_forward_backward, encode_sample, metric_key
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +332,7 @@ class TinkerService:
 
             async def outcome() -> Outcome:
                 result = await future
-                return Outcome(json={"metrics": {f"{k}:mean": v for k, v in result.metrics.items()}})
+                return Outcome(json={"metrics": {metric_key(k): v for k, v in result.metrics.items()}})
 
             return outcome()
 
