@@ -6,9 +6,10 @@ The recipes' hub downloads come from an offline HF_HOME (`agl_bridge/testing/tin
 (a warm start that teaches the format), gsm8k those sums with every answer 0. `rl_loop` resumes
 from `sl_loop`'s last checkpoint (the recipes' own resume) and learns to answer 0. Prints one JSON
 line: sl_loop's mean NLL over its first and last 4 batches, rl_loop's reward over its first and last
-4 batches, the per-batch rewards and both recipes' wall times. Needs `bash scripts/tinker_cookbook_env.sh`.
+4 batches (with its default loss, stable_reinforce, unless --loss-fn), the per-batch rewards and
+both recipes' wall times. Needs `bash scripts/tinker_cookbook_env.sh`.
 
-    .venv/bin/python bench/tinker_cookbook.py [--rl-batches 24] [--rl-learning-rate 1e-3]
+    .venv/bin/python bench/tinker_cookbook.py [--rl-batches 24] [--rl-learning-rate 1e-3] [--loss-fn stable_reinforce]
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rl-batches", type=int, default=24)
     parser.add_argument("--rl-learning-rate", type=float, default=1e-3)
+    parser.add_argument("--loss-fn", default="stable_reinforce", help="rl_loop's loss (its default: stable_reinforce)")
     args = parser.parse_args()
     site = subprocess.run(
         ["bash", str(REPO / "scripts" / "tinker_cookbook_env.sh")], capture_output=True, text=True, check=True
@@ -59,7 +61,7 @@ def main() -> None:
             "max_tokens=16",
             f"max_steps={SL_BATCHES + args.rl_batches}",
             f"learning_rate={args.rl_learning_rate}",
-            "loss_fn=importance_sampling",
+            f"loss_fn={args.loss_fn}",
         )
     rows = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
     nll = [row["train_mean_nll"] for row in rows if "train_mean_nll" in row]
@@ -71,6 +73,7 @@ def main() -> None:
                 "sl_nll_first4": round(statistics.fmean(nll[:4]), 3),
                 "sl_nll_last4": round(statistics.fmean(nll[-4:]), 3),
                 "sl_wall_s": round(sl_s, 1),
+                "rl_loss_fn": args.loss_fn,
                 "rl_batches": len(rewards),
                 "rl_reward_first4": round(statistics.fmean(rewards[:4]), 3),
                 "rl_reward_last4": round(statistics.fmean(rewards[-4:]), 3),

@@ -30,6 +30,11 @@ them, else — with a rollout correction configured — the trainer's own curren
 * ``dro`` (Direct Reward Optimization, Tinker's form): −Σ w·(lp·A − β/2·(lp − s)²) with ``s`` the
   sampler's logprobs; the gradient per token is −A + β·(lp − s), a pull back towards the sampler
   instead of a ratio clip. ``beta`` defaults to 0.05 (Tinker's documented example).
+* ``stable_reinforce`` (ours; Tinker has not published its objective, only the interface): REINFORCE
+  with a truncated importance weight against the sampler, plus an optional pull towards it:
+  −Σ w·sg(min(ρ, C))·A·lp + κ·Σ w·(ρ − 1 − log ρ), ρ = exp(lp − s). The gradient per token is
+  −min(ρ, C)·A + κ·(ρ − 1); the second term is the k3 estimate of KL(sampler ‖ policy) on the
+  sampled tokens. ``tis_cap`` C defaults to 2, ``kl_coeff`` κ (Tinker's key) to 0.
 * Any loss: ``kl_coef`` > 0 adds kl_coef·Σ w·k3 with k3 = exp(ref − lp) − (ref − lp) − 1 against the
   reference (base) model's logprobs.
 
@@ -150,6 +155,19 @@ def dro(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[st
     return LossOutput(-(weights * objective).sum(), {"dro_penalty": 0.5 * gap.detach().square()})
 
 
+def stable_reinforce(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> LossOutput:
+    """−Σ w·sg(min(ρ, C))·A·lp + κ·Σ w·(ρ − 1 − log ρ): truncated-weight REINFORCE held near the sampler."""
+    weights, advantages = inputs[WEIGHTS], inputs[ADVANTAGES]
+    log_ratio = torch.where(weights > 0, lp - inputs[LOGPROBS], torch.zeros_like(lp))
+    ratio = log_ratio.exp()
+    cap = config["tis_cap"]
+    objective = ratio.detach().clamp(max=cap) * advantages * lp
+    sampler_kl = ratio - 1.0 - log_ratio
+    loss = -(weights * objective).sum() + config["kl_coeff"] * (weights * sampler_kl).sum()
+    metrics = {"tis_capped_frac": (ratio.detach() > cap).float(), "sampler_kl": sampler_kl.detach()}
+    return LossOutput(loss, metrics)
+
+
 def kl_k3(lp: torch.Tensor, ref_lp: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of KL(policy ‖ reference): exp(ref − lp) − (ref − lp) − 1 (>= 0)."""
     delta = ref_lp - lp
@@ -227,6 +245,8 @@ LOSSES: dict[str, LossSpec] = {
         ),
         # beta 0.05: Tinker's documented example (its docs give no default).
         LossSpec("dro", dro, _RL_INPUTS, {"beta": 0.05, "kl_coef": 0.0}),
+        # kl_coeff (two f's) is Tinker's attested key for this loss: κ of the pull towards the sampler.
+        LossSpec("stable_reinforce", stable_reinforce, _RL_INPUTS, {"tis_cap": 2.0, "kl_coeff": 0.0, "kl_coef": 0.0}),
     )
 }
 """The built-in losses by name."""
@@ -261,8 +281,9 @@ def resolve_config(spec: LossSpec, config: Mapping[str, Any] | None) -> dict[str
             raise ValueError(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
     if resolved.get("beta", 0.0) < 0:
         raise ValueError(f"loss_fn_config['beta'] must be >= 0, got {resolved['beta']}")
-    if resolved.get("kl_coef", 0.0) < 0:
-        raise ValueError(f"loss_fn_config['kl_coef'] must be >= 0, got {resolved['kl_coef']}")
+    for key in ("kl_coef", "kl_coeff"):
+        if resolved.get(key, 0.0) < 0:
+            raise ValueError(f"loss_fn_config[{key!r}] must be >= 0, got {resolved[key]}")
     cap = resolved.get("tis_cap")
     if cap is not None and cap < 1:
         raise ValueError(

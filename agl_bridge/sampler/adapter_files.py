@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -58,10 +59,18 @@ def read_peft_adapter(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Ten
 
 def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     safetensors_file, bin_file = folder / "adapter_model.safetensors", folder / "adapter_model.bin"
+    # A damaged file is the caller's to fix (a refusal naming it), not a server error that clients retry.
     if safetensors_file.is_file():
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(safetensors_file))
+        try:
+            return load_file(str(safetensors_file))
+        except (SafetensorError, OSError) as error:
+            raise AdapterFileError(f"cannot read {safetensors_file}: {error}") from None
     if bin_file.is_file():
-        return torch.load(bin_file, map_location="cpu", weights_only=True)
+        try:
+            return torch.load(bin_file, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, EOFError, OSError, RuntimeError) as error:
+            raise AdapterFileError(f"cannot read {bin_file}: {error}") from None
     raise AdapterFileError(f"no adapter_model.safetensors (or adapter_model.bin) in {folder}")

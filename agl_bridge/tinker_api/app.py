@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from agl_bridge.sampler.base import SamplingParams
 from agl_bridge.tinker_api.checkpoints import delete_checkpoint, list_checkpoints
-from agl_bridge.tinker_api.service import TinkerService, UserError
+from agl_bridge.tinker_api.service import TinkerService, UserError, sequence_ids
 from agl_bridge.tinker_api.wire import decode_forward_backward
 
 PROTOBUF = "application/x-protobuf"
@@ -192,8 +192,9 @@ def create_app(service: TinkerService, api_key: str) -> Starlette:
             _sampling_params(data.get("sampling_params") or {}),
             num_samples,
             bool(data.get("prompt_logprobs", False)),
+            record=bool(data.get("record_stability_info", False)),
         )
-        return future(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(num_samples)])
+        return future(request_id, sample_sequence_ids=sequence_ids(request_id, num_samples))
 
     async def retrieve_future(request: Request) -> Response:
         request_id = field(await body(request), "request_id", str)

@@ -1,5 +1,6 @@
 """The Tinker API's state: sessions, training runs over `TrainingClient`, sampling sessions over pinned
-snapshots, and each run's calls executed in the order the SDK numbered them.
+snapshots (held since they were saved, or read back from the root after a restart), and each run's calls
+executed in the order the SDK numbered them.
 
 Everything here runs on the server's event loop; training calls run on each client's own worker
 thread (queued in `seq_id` order), model loading and weight switches on worker threads.
@@ -11,6 +12,7 @@ import asyncio
 import datetime
 import itertools
 import logging
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -19,11 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from agl_bridge.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from agl_bridge.primitives.checkpoint import CheckpointMismatchError
 from agl_bridge.primitives.client import AdamParams, SamplerWeights, TrainingClient
 from agl_bridge.primitives.lora import untie_output_embeddings
 from agl_bridge.primitives.losses import get_loss
+from agl_bridge.sampler.adapter_files import AdapterFileError, read_peft_adapter
 from agl_bridge.sampler.base import SamplingParams
 from agl_bridge.sampler.hf import HFSampler
 from agl_bridge.tinker_api.checkpoints import (
@@ -36,6 +41,7 @@ from agl_bridge.tinker_api.checkpoints import (
 from agl_bridge.tinker_api.futures import FutureTable, Outcome
 from agl_bridge.tinker_api.gate import SamplerGate
 from agl_bridge.tinker_api.signed_weights import has_negative_weights, signed_cross_entropy, signed_loss
+from agl_bridge.tinker_api.stability import StabilityRecord
 from agl_bridge.tinker_api.wire import ForwardBackwardCall, encode_forward_backward, encode_sample, metric_key
 
 log = logging.getLogger(__name__)
@@ -143,15 +149,9 @@ class TrainingRun:
                 self._pump()
             raise
 
-    def snapshot(self, key: str) -> Snapshot:
-        """A snapshot of this run by key; UserError when it is gone."""
-        found = self._snapshots.get(key)
-        if found is None:
-            raise UserError(
-                f"the sampler weights {key!r} are not loaded in this server (saved by an earlier server process, "
-                "or an unnamed snapshot long superseded); save them again with save_weights_for_sampler"
-            )
-        return found
+    def snapshot(self, key: str) -> Snapshot | None:
+        """A snapshot this run holds in memory by key (None: not saved by this process, or superseded)."""
+        return self._snapshots.get(key)
 
     def add_snapshot(self, weights: SamplerWeights, name: str | None, *, keep_unnamed: int = 4) -> Snapshot:
         """Register weights saved for sampling (named ones stay; only the newest unnamed ones are kept)."""
@@ -192,7 +192,8 @@ class TrainingRun:
 
 @dataclass
 class SamplingSession:
-    """What a sampling client samples from: a run's pinned snapshot, a run's newest weights, or a base model."""
+    """What a sampling client samples from: a run's pinned snapshot, a run's newest weights, weights read
+    back from the root (`gate`: the sampler they take turns on), or a base model."""
 
     session_id: str
     base_name: str
@@ -200,6 +201,7 @@ class SamplingSession:
     run: TrainingRun | None = None
     snapshot: Snapshot | None = None  # None with a run: follow its newest weights ("inflight")
     base_sampler: HFSampler | None = None
+    gate: SamplerGate | None = None
 
 
 class TinkerService:
@@ -209,18 +211,26 @@ class TinkerService:
         self.root = root
         self.models = models
         self.futures = FutureTable(poll_s=poll_s)
+        self.stability = StabilityRecord()
         self._device = device
         self._sessions: dict[str, dict[str, list[str]]] = {}
         self._session_ids = itertools.count(1)
+        self._process_id = secrets.token_hex(4)
         self.runs: dict[str, TrainingRun] = {}
         self.samplers: dict[str, SamplingSession] = {}
         self._base_samplers: dict[str, HFSampler] = {}
+        # Sampler weights read from disk: by path (sessions on one path share its tensors), and the samplers
+        # they are sampled with, one per base model (untied or not).
+        self._stored: dict[str, Snapshot] = {}
+        self._stored_gates: dict[tuple[str, bool], SamplerGate] = {}
 
     # ------------------------------------------------------------------ sessions
 
     def create_session(self) -> str:
         """A new session id."""
-        session_id = f"session-{next(self._session_ids)}"
+        # The process's own prefix: a restarted server on the same root must not reuse an earlier run's id
+        # (model ids name checkpoint folders).
+        session_id = f"session-{self._process_id}-{next(self._session_ids)}"
         self._sessions[session_id] = {"training_run_ids": [], "sampler_ids": []}
         return session_id
 
@@ -285,23 +295,24 @@ class TinkerService:
         run = self.run(call.model_id)
         loss_fn, config = call.loss_fn, call.loss_fn_config
         with run.refusing(call.seq_id):
-            if loss_fn == "stable_reinforce":
-                raise UserError(
-                    "loss_fn 'stable_reinforce' is not served: Tinker has not published its objective, so it "
-                    "cannot be reproduced exactly; use importance_sampling, cispo or gspo "
-                    "(rl_loop: loss_fn=importance_sampling)"
-                )
             if loss_fn or not call.forward_only:
                 get_loss(loss_fn)  # an unknown loss is refused now (400), naming the known ones
+            data = call.data
+            if loss_fn == "stable_reinforce":
+                # Behaviour logprobs from this server's record of the samples, never from the client.
+                data = [
+                    self.stability.resolve(index, datum, spans)
+                    for index, (datum, spans) in enumerate(zip(call.data, call.provenance, strict=True))
+                ]
 
         def start() -> Awaitable[Outcome]:
             client = _client(run)
             if call.forward_only:
-                future = client.forward_async(call.data, loss_fn or None, config or None)
-            elif loss_fn == "cross_entropy" and not config and has_negative_weights(call.data):
-                future = client.forward_backward_custom_async(signed_cross_entropy(call.data), signed_loss)
+                future = client.forward_async(data, loss_fn or None, config or None)
+            elif loss_fn == "cross_entropy" and not config and has_negative_weights(data):
+                future = client.forward_backward_custom_async(signed_cross_entropy(data), signed_loss)
             else:
-                future = client.forward_backward_async(call.data, loss_fn, config or None)
+                future = client.forward_backward_async(data, loss_fn, config or None)
 
             async def outcome() -> Outcome:
                 output = await future
@@ -413,9 +424,17 @@ class TinkerService:
         if model_path:
             checkpoint = CheckpointPath.parse(model_path)
             if checkpoint.kind != "sampler_weights":
-                raise UserError(f"{model_path} is a training state; sample from a sampler_weights path")
-            run = self.run(checkpoint.model_id)
-            session = SamplingSession(sampler_id, run.base_name, model_path, run=run, snapshot=run.snapshot(model_path))
+                raise UserError(
+                    f"{model_path} is a training state, not weights to sample with; sample from the sampler_weights "
+                    "path save_weights_for_sampler returns (or load this state into a training client and save it "
+                    "for sampling)"
+                )
+            run = self.runs.get(checkpoint.model_id)
+            held = run.snapshot(str(checkpoint)) if run is not None else None
+            if run is not None and held is not None:
+                session = SamplingSession(sampler_id, run.base_name, model_path, run=run, snapshot=held)
+            else:
+                session = await self._stored_session(sampler_id, checkpoint)
         elif base_model:
             sampler = await self._base_sampler(base_model)
             session = SamplingSession(sampler_id, base_model, None, base_sampler=sampler)
@@ -433,9 +452,17 @@ class TinkerService:
         return found
 
     def sample(
-        self, sampler_id: str, prompt: list[int], params: SamplingParams, num_samples: int, prompt_logprobs: bool
+        self,
+        sampler_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        num_samples: int,
+        prompt_logprobs: bool,
+        *,
+        record: bool = False,
     ) -> str:
-        """Start sampling; the result is protobuf. Refusals come back at once (before a request id)."""
+        """Start sampling; the result is protobuf. Refusals come back at once (before a request id). With
+        `record`, the sequences are kept for stable_reinforce under their `sequence_ids`."""
         session = self.sampling_session(sampler_id)
         if not prompt:
             raise UserError("prompt: no tokens; a prompt needs at least one token")
@@ -443,7 +470,7 @@ class TinkerService:
             raise UserError(f"num_samples must be between 1 and 1024, got {num_samples}")
         params.validate()
         request_id = self.futures.create("sample")
-        asyncio.ensure_future(self._sample(request_id, session, prompt, params, num_samples, prompt_logprobs))
+        asyncio.ensure_future(self._sample(request_id, session, prompt, params, num_samples, prompt_logprobs, record))
         return request_id
 
     async def _sample(
@@ -454,18 +481,23 @@ class TinkerService:
         params: SamplingParams,
         num_samples: int,
         prompt_logprobs: bool,
+        record: bool,
     ) -> None:
         try:
             if session.base_sampler is not None:
                 result, scores = await _sample_with(session.base_sampler, prompt, params, num_samples, prompt_logprobs)
             else:
                 run = session.run
-                assert run is not None and run.gate is not None
-                snapshot = session.snapshot or run.latest
+                gate = session.gate or (run.gate if run is not None else None)
+                snapshot = session.snapshot or (run.latest if run is not None else None)
+                assert gate is not None, "a session on trained weights has a run's gate or its own"
                 if snapshot is None:
-                    raise UserError(f"{run.model_id} has saved no weights for sampling yet")
-                async with run.gate.holding(snapshot.key, snapshot.weights) as sampler:
+                    raise UserError(f"{session.base_name} has saved no weights for sampling yet")
+                async with gate.holding(snapshot.key, snapshot.weights) as sampler:
                     result, scores = await _sample_with(sampler, prompt, params, num_samples, prompt_logprobs)
+            if record:
+                for sequence_id, sequence in zip(sequence_ids(request_id, num_samples), result.sequences, strict=True):
+                    self.stability.add(sequence_id, sequence.tokens, sequence.logprobs)
             outcome = Outcome(proto=encode_sample(result, scores))
         except Exception as error:
             outcome = outcome_of_error(error)
@@ -537,6 +569,44 @@ class TinkerService:
             self._base_samplers[path] = await asyncio.to_thread(construct)
         return self._base_samplers[path]
 
+    async def _stored_session(self, sampler_id: str, checkpoint: CheckpointPath) -> SamplingSession:
+        # Weights saved by an earlier server process (or no longer held) are read from their folder.
+        directory = checkpoint.directory(self.root)
+        if not directory.is_dir():
+            raise UserError(
+                f"no checkpoint {checkpoint} on this server (looked in {directory}); sample from a path "
+                "save_weights_for_sampler returned, on a server started with the --root it was saved under"
+            )
+        settings = read_run_file(self.root, checkpoint.model_id)
+        key = str(checkpoint)
+        if key not in self._stored:
+            weights = await asyncio.to_thread(_read_sampler_weights, checkpoint, directory)
+            self._stored.setdefault(key, Snapshot(key, weights))
+        snapshot = self._stored[key]
+        untied = any(".modules_to_save." in name for name in snapshot.weights.tensors)
+        gate = await self._stored_gate(self.models.resolve(settings["base_model"]), untied)
+        return SamplingSession(sampler_id, settings["base_model"], key, snapshot=snapshot, gate=gate)
+
+    async def _stored_gate(self, base_path: str, untied: bool) -> SamplerGate:
+        # Not a base-model session's sampler: that one must keep the base weights. A trained unembedding is
+        # loaded into an untied copy (as in _build); an adapter without one must not meet a stale trained
+        # lm_head there (a LoRA switch restores merged weights, not modules_to_save), hence two gates.
+        if (base_path, untied) not in self._stored_gates:
+
+            def construct() -> HFSampler:
+                with _LOADING:
+                    device = self._device or ("cuda" if torch.cuda.is_available() else "cpu")
+                    model = load_causal_lm(base_path, device=device)
+                    if untied:
+                        untie_output_embeddings(model)
+                    return HFSampler(model, load_tokenizer(base_path))
+
+            sampler = await asyncio.to_thread(construct)
+            gate = self._stored_gates.setdefault((base_path, untied), SamplerGate(sampler))
+            if gate.sampler is not sampler:  # another request built one meanwhile
+                sampler.close()
+        return self._stored_gates[(base_path, untied)]
+
     def _existing(self, checkpoint: CheckpointPath) -> Path:
         directory = checkpoint.directory(self.root)
         if not directory.is_dir():
@@ -552,6 +622,13 @@ class TinkerService:
                 run.gate.sampler.close()
         for sampler in self._base_samplers.values():
             sampler.close()
+        for gate in self._stored_gates.values():
+            gate.sampler.close()
+
+
+def sequence_ids(request_id: str, num_samples: int) -> list[str]:
+    """The ids of a sample request's sequences, as the SDK stamps them and training spans name them."""
+    return [f"{request_id}:{index}" for index in range(num_samples)]
 
 
 def _client(run: TrainingRun) -> TrainingClient:
@@ -567,6 +644,19 @@ def _targets(lora: Mapping[str, Any]) -> str | list[str]:
     if not names:
         raise UserError("lora_config: train_attn and train_mlp are both false; nothing would be trained")
     return names
+
+
+def _read_sampler_weights(checkpoint: CheckpointPath, directory: Path) -> SamplerWeights:
+    """A `sampler_weights` folder (the peft adapter save_weights_for_sampler writes) as a snapshot's weights;
+    UserError when it is not a readable LoRA adapter."""
+    try:
+        tensors, scaling, _ = read_peft_adapter(directory)
+    except AdapterFileError as error:
+        raise UserError(
+            f"{checkpoint} is not a LoRA adapter this server can sample from ({error}); save the weights for "
+            "sampling again with save_weights_for_sampler"
+        ) from None
+    return SamplerWeights(tensors, scaling)
 
 
 async def _sample_with(

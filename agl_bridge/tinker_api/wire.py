@@ -24,9 +24,20 @@ class WireError(ValueError):
     """A request the server cannot read; the message names the field (a "user" error to the SDK)."""
 
 
+@dataclass(frozen=True)
+class ProvenanceSpan:
+    """`length` consecutive target positions of a datum, taken from recorded sequence `sequence_id` from its
+    position `offset` on: its sampled tokens (`sampled`) or its prompt."""
+
+    sampled: bool
+    sequence_id: str
+    offset: int
+    length: int
+
+
 @dataclass
 class ForwardBackwardCall:
-    """One decoded `/forward_backward` request."""
+    """One decoded `/forward_backward` request; `provenance` holds each datum's target spans (empty: none)."""
 
     model_id: str
     seq_id: int
@@ -34,6 +45,7 @@ class ForwardBackwardCall:
     loss_fn: str
     loss_fn_config: dict[str, float | str]
     forward_only: bool
+    provenance: list[list[ProvenanceSpan]]
 
 
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
@@ -59,6 +71,7 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
         loss_fn=request.loss_fn,
         loss_fn_config=config,
         forward_only=request.forward_only,
+        provenance=[_spans(datum.loss_fn_input_spans) for datum in request.data],
     )
 
 
@@ -110,6 +123,16 @@ def _datum(index: int, datum: Any) -> Datum:
         tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype="<i4").tolist())
     inputs = {name: _tensor(index, name, tensor) for name, tensor in datum.loss_fn_inputs.items()}
     return Datum(model_input=tokens, loss_fn_inputs=inputs)
+
+
+def _spans(spans: Any) -> list[ProvenanceSpan]:
+    found = []
+    for span in spans:
+        kind = span.WhichOneof("span")
+        if kind is not None:
+            inner = getattr(span, kind)
+            found.append(ProvenanceSpan(kind == "sampled_tokens", inner.sequence_id, inner.offset, inner.length))
+    return found
 
 
 def _tensor(index: int, name: str, tensor: Any) -> np.ndarray:

@@ -130,6 +130,28 @@ def test_dro_value_and_gradient_pull_towards_the_sampler() -> None:
     assert default == pytest.approx(-(-1.0 + 1.0 - 1.0) + 0.05 / 2 * (0.01 + 0.25), abs=1e-12)
 
 
+def test_stable_reinforce_truncates_the_weight_and_pulls_towards_the_sampler() -> None:
+    # ratios e^0.1, 1, e^-0.5 on the active tokens; a cap of 1.05 truncates the first.
+    loss, grad, metrics = _run(
+        "stable_reinforce", LP, {"tis_cap": 1.05, "kl_coeff": 0.5}, logprobs=S, advantages=ADV, weights=W
+    )
+    weights = [1.05, 1.0, 0.6065306597126334]
+    kl = [1.1051709180756477 - 1 - 0.1, 0.0, 0.6065306597126334 - 1 + 0.5]
+    expected = -sum(c * a * lp for c, a, lp in zip(weights, ADV, LP, strict=False)) + 0.5 * sum(kl)
+    assert loss == pytest.approx(expected, abs=1e-12)
+    # d/dlp = -min(rho, C)*A + kappa*(rho - 1)
+    assert grad == pytest.approx(
+        [-1.05 + 0.5 * 0.1051709180756477, 2.0, -0.5 * 0.6065306597126334 + 0.5 * (0.6065306597126334 - 1), 0.0],
+        abs=1e-12,
+    )
+    assert metrics["tis_capped_frac"] == pytest.approx(1 / 3)
+    assert metrics["sampler_kl"] == pytest.approx(sum(kl) / 3, abs=1e-12)
+    # Defaults: cap 2 (nothing truncated here), no pull: the gradient is -rho*A, importance sampling's.
+    _, default_grad, _ = _run("stable_reinforce", LP, logprobs=S, advantages=ADV, weights=W)
+    _, is_grad, _ = _run("importance_sampling", LP, logprobs=S, advantages=ADV, weights=W)
+    assert default_grad == pytest.approx(is_grad, abs=1e-12)
+
+
 def test_kl_k3_values_and_penalty() -> None:
     # ref - lp = [-0.5, 1.0]: e^-0.5 + 0.5 - 1 = 0.10653065971263342, e - 2 = 0.7182818284590451
     k3 = kl_k3(torch.tensor([-1.0, -2.0], dtype=torch.float64), torch.tensor([-1.5, -1.0], dtype=torch.float64))
@@ -166,6 +188,8 @@ def test_unknown_loss_lists_the_known_ones() -> None:
         ("cross_entropy", {"kl_coef": -1.0}, "kl_coef"),
         ("cispo", {"clip_high_threshold": float("nan")}, "finite"),
         ("dro", {"beta": -0.1}, "beta"),
+        ("stable_reinforce", {"kl_coeff": -1.0}, "kl_coeff"),
+        ("stable_reinforce", {"tis_cap": 0.5}, "tis_cap"),
     ],
 )
 def test_bad_loss_config_is_refused_with_the_key(name: str, config: dict, match: str) -> None:

@@ -333,6 +333,30 @@ def test_dro_by_loops(seed: int, beta: float) -> None:
     assert float(grad[case.weights == 0].abs().max()) == 0.0, "inactive tokens get no gradient"
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(("cap", "kappa"), [(2.0, 0.0), (1.1, 0.3)])
+def test_stable_reinforce_by_loops(seed: int, cap: float, kappa: float) -> None:
+    """Token by token: −Σ w·min(ρ, C)·A·lp + κ·Σ w·(ρ − 1 − log ρ), gradient −w·(min(ρ, C)·A − κ·(ρ − 1))."""
+    case = random_case(seed)
+    value, grad, metrics = production("stable_reinforce", case, {"tis_cap": cap, "kl_coeff": kappa})
+    expected, capped, count = 0.0, 0, 0
+    for row in range(ROWS):
+        for t in case.active(row):
+            lp, sampler = float(case.lp[row, t]), float(case.sampler[row, t])
+            advantage, weight = float(case.advantages[row, t]), float(case.weights[row, t])
+            ratio = math.exp(lp - sampler)
+            kept = ratio if ratio <= cap else cap
+            expected += -weight * kept * advantage * lp + kappa * weight * (ratio - 1 - (lp - sampler))
+            capped += ratio > cap
+            count += 1
+            assert float(grad[row, t]) == pytest.approx(
+                -weight * (kept * advantage - kappa * (ratio - 1)), abs=TOLERANCE
+            )
+    assert value == pytest.approx(expected, abs=TOLERANCE)
+    assert metrics["tis_capped_frac"] == pytest.approx(capped / count, abs=TOLERANCE)
+    assert float(grad[case.weights == 0].abs().max()) == 0.0, "inactive tokens get no gradient"
+
+
 @pytest.mark.parametrize("name", ["cross_entropy", "importance_sampling", "ppo", "gspo"])
 def test_kl_penalty(name: str) -> None:
     config: dict[str, Any] = {"kl_coef": 0.3}

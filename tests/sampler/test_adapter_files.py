@@ -54,3 +54,10 @@ def test_a_folder_that_is_not_an_adapter_is_refused_naming_the_file(tmp_path: Pa
     )
     with pytest.raises(AdapterFileError, match="neither a LoRA weight nor in modules_to_save"):
         read_peft_adapter(stray)
+    (stray / "adapter_model.safetensors").write_bytes(b"damaged")
+    with pytest.raises(AdapterFileError, match="cannot read .*adapter_model.safetensors"):
+        read_peft_adapter(stray)
+    (stray / "adapter_model.safetensors").unlink()
+    (stray / "adapter_model.bin").write_bytes(b"damaged")
+    with pytest.raises(AdapterFileError, match="cannot read .*adapter_model.bin"):
+        read_peft_adapter(stray)

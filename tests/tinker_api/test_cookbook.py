@@ -80,7 +80,8 @@ def test_sl_loop_then_rl_loop_resuming_from_it(env: dict[str, str], server: Tink
     model_id = final["state_path"].removeprefix("tinker://").split("/")[0]
     assert (server.service.root / model_id / "weights" / "final").is_dir()
 
-    # rl_loop resumes from sl_loop's last checkpoint (its batch 32) and runs batches 32-34.
+    # rl_loop resumes from sl_loop's last checkpoint (its batch 32) and runs batches 32-34, with its default
+    # loss (stable_reinforce: recorded samples named by provenance spans).
     _recipe(
         env,
         "rl_loop",
@@ -89,7 +90,6 @@ def test_sl_loop_then_rl_loop_resuming_from_it(env: dict[str, str], server: Tink
         "group_size=4",
         "max_tokens=16",
         "max_steps=35",
-        "loss_fn=importance_sampling",
     )
     reinforced = [row for row in _metrics(log_path) if "reward/total" in row]
     assert [row["progress/batch"] for row in reinforced] == [32, 33, 34]

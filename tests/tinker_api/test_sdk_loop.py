@@ -132,7 +132,7 @@ def test_sampling_sessions_pin_their_snapshot_while_training_goes_on(service_cli
     trained = training.forward([_datum(full)], "cross_entropy").result()
     assert np.allclose(trained.loss_fn_outputs[0]["logprobs"].to_numpy()[7:], sequence.logprobs, atol=1e-5)
 
-    base = service_client.create_sampling_client(base_model=RECIPE_NAME)
+    base = service_client.create_sampling_client(base_model=RECIPE_NAME).result()
     assert base.compute_logprobs(types.ModelInput.from_ints(tokens)).result() != after_newer
 
 
@@ -157,7 +157,7 @@ def test_checkpoints_resume_with_the_optimizer_and_list_and_delete(
     restored = resumed.forward([_datum(tokens)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"]
     assert np.allclose(original.to_numpy(), restored.to_numpy(), atol=1e-6)
 
-    from_path = service_client.create_sampling_client(model_path=sampler_path)
+    from_path = service_client.create_sampling_client(model_path=sampler_path).result()
     assert (
         from_path.sample(
             types.ModelInput.from_ints(tokens[:4]), num_samples=1, sampling_params=types.SamplingParams(max_tokens=2)
@@ -182,7 +182,7 @@ def test_refusals_come_back_as_the_sdks_errors_and_the_server_stays_up(
 ) -> None:
     training = service_client.create_lora_training_client(base_model=RECIPE_NAME, rank=4).result()
     tokens = _tokens(training)
-    for loss, message in (("grpo", "known losses"), ("stable_reinforce", "has not published its objective")):
+    for loss, message in (("grpo", "known losses"),):
         with pytest.raises(tinker.BadRequestError) as refused:
             training.forward_backward([_datum(tokens)], loss).result()
         assert refused.value.status_code == 400 and loss in str(refused.value) and message in str(refused.value)
