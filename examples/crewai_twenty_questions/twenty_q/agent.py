@@ -65,17 +65,19 @@ def player_llm(endpoint: Any, settings: PlayerSettings = SETTINGS) -> LLM:
     )
 
 
-def task_fields(task: Any) -> tuple[str, str]:
-    """(secret, category) of a task: {"secret": ..., "category": ...} or a bare entity name."""
+def task_fields(task: Any) -> tuple[str, str, list[str]]:
+    """(secret, category, candidates) of a task: {"secret", "category", optional "candidates"} or a bare name."""
+    candidates: list[str] = []
     if isinstance(task, dict):
         secret = str(task.get("secret") or task.get("name") or "").strip()
         category = str(task.get("category") or "").strip()
+        candidates = [str(name) for name in task.get("candidates") or []]
     else:
         secret, category = str(task).strip(), ""
     if not category:
         entity = default_table().get(secret)
         category = entity.category if entity is not None else "things"
-    return secret, category
+    return secret, category, candidates
 
 
 def play_game(
@@ -91,13 +93,15 @@ def play_game(
     settings: default `PlayerSettings.from_env()`; answerer: default `AnswererConfig.from_env()`.
     """
     settings = settings or PlayerSettings.from_env()
-    secret, category = task_fields(task)
+    secret, category, candidates = task_fields(task)
     flow = TwentyQuestionsFlow(
         player if player is not None else player_llm(endpoint, settings),
         make_answerer_llm(answerer or AnswererConfig.from_env(), endpoint),
         use_search=settings.use_search,
     )
-    flow.kickoff(inputs={"secret": secret, "category": category, "max_turns": settings.max_turns})
+    flow.kickoff(
+        inputs={"secret": secret, "category": category, "candidates": candidates, "max_turns": settings.max_turns}
+    )
     return flow.state
 
 

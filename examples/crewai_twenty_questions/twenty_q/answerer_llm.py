@@ -49,7 +49,23 @@ class AnswererConfig:
         )
 
 
-class OfflineAnswererLLM(BaseLLM):
+class LocalLLM(BaseLLM):
+    """A CrewAI custom LLM computed in this process: no native tool calls, no stop words, any prompt length."""
+
+    def supports_function_calling(self) -> bool:
+        """No native tool calls: CrewAI uses its text format."""
+        return False
+
+    def supports_stop_words(self) -> bool:
+        """The reply is computed whole; there is nothing to stop."""
+        return False
+
+    def get_context_window_size(self) -> int:
+        """Large enough for any prompt CrewAI builds here."""
+        return 32_768
+
+
+class OfflineAnswererLLM(LocalLLM):
     """A CrewAI LLM that answers from the attribute table, in CrewAI's "Final Answer:" format."""
 
     def __init__(self, answerer: DeterministicAnswerer | None = None) -> None:
@@ -75,18 +91,6 @@ class OfflineAnswererLLM(BaseLLM):
             raise ValueError("the answerer prompt must carry 'Secret: ...' and 'Question: ...' lines")
         response = self.answerer.answer(secret[-1].strip(), question[-1].strip())
         return f"Thought: I checked the question against what I know.\nFinal Answer: {response.model_dump_json()}"
-
-    def supports_function_calling(self) -> bool:
-        """No native tool calls: CrewAI uses its text format."""
-        return False
-
-    def supports_stop_words(self) -> bool:
-        """Stop words are irrelevant to a table lookup."""
-        return False
-
-    def get_context_window_size(self) -> int:
-        """Large enough for any prompt CrewAI builds here."""
-        return 32_768
 
 
 def make_answerer_llm(config: AnswererConfig, endpoint: Any | None = None) -> BaseLLM | None:

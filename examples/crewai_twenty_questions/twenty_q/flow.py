@@ -77,7 +77,9 @@ class TwentyQuestionsFlow(Flow[GameState]):
         state = self.state
         state.turn += 1
         if not state.messages:
-            state.messages.append({"role": "user", "content": opening_message(state.category, state.max_turns)})
+            state.messages.append(
+                {"role": "user", "content": opening_message(state.category, state.max_turns, state.candidates)}
+            )
         reply = self._player_reply()
         question = extract_question(reply)
         state.history.append(Turn(number=state.turn, reply=reply, question=question, wasted=question is None))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 PLAYER_ROLE = "Twenty Questions player"
 PLAYER_GOAL = "Find the secret with as few yes/no questions as possible."
@@ -15,11 +16,12 @@ after "n/a", pivot to another property; guess with "Is it X?" when one candidate
 Ask one yes/no question per turn, ending with "?"."""
 
 
-def opening_message(category: str, max_turns: int) -> str:
-    """The first user message of a game."""
+def opening_message(category: str, max_turns: int, candidates: Sequence[str] = ()) -> str:
+    """The first user message of a game; `candidates`, when given, are listed as the names the secret is among."""
+    among = f"\nIt is one of: {', '.join(candidates)}." if candidates else ""
     return (
         f'Twenty Questions: I am thinking of something in the category "{category}". You have {max_turns} '
-        f"yes/no questions; I answer yes, no or n/a.\n{STRATEGY_GUIDE}\nYour first question?"
+        f"yes/no questions; I answer yes, no or n/a.{among}\n{STRATEGY_GUIDE}\nYour first question?"
     )
 
 
@@ -31,7 +33,8 @@ def feedback_message(turn: int, max_turns: int, question: str | None, answer: st
 
 
 _FINAL = re.compile(r"final answer\s*:\s*(.*)", re.IGNORECASE | re.DOTALL)
-_SENTENCE = re.compile(r"[^.!?\n]*\?")
+# A period that ends a name just before the question mark ("Is it Martin Luther King Jr.?") stays in the sentence.
+_SENTENCE = re.compile(r"(?:[^.!?\n]|\.(?=\S))*\?")
 _WORD = re.compile(r"[A-Za-z]{2,}")
 
 

@@ -26,6 +26,8 @@ class GameState(FlowState):
 
     secret: str = ""
     category: str = ""
+    # The names the secret is among, shown to the player when given (the learning setup, `learning.py`).
+    candidates: list[str] = Field(default_factory=list)
     max_turns: int = Field(default=MAX_TURNS, ge=1, le=MAX_TURNS)
     turn: int = 0
     history: list[Turn] = Field(default_factory=list)

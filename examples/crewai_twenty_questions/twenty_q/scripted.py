@@ -1,0 +1,197 @@
+"""The scripted player whose games make the warm-start data, and the CrewAI LLM that plays it in the real flow.
+
+The scripted player knows every bundled entity's attributes. Now and then (`question_rate`) it asks the
+question that best splits the candidates still possible; otherwise it guesses the first of them, in the
+order the opening message lists them. A student that imitates it on names it has never seen cannot use
+the answers to its questions (it does not know what they say about those names): what helps it is to
+guess through the list without skipping or repeating a name, which RL has to find.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from twenty_q.answerer_llm import LocalLLM
+from twenty_q.data import EntityTable, default_table
+
+_ANSWER = re.compile(r"^Answer: (yes|no|n/a)\.", re.MULTILINE)
+_QUESTION_FORMS = ("Is it a {}?", "Is it {}?", "Does it have {}?")
+
+
+@functools.cache
+def attribute_questions() -> dict[str, str]:
+    """{attribute: a question the bundled answerer reads as asking about it}, for the attributes that have one
+    (checked on every bundled entity once per process: it takes seconds)."""
+    from twenty_q.answerer import DeterministicAnswerer
+
+    table = default_table()
+    answerer = DeterministicAnswerer(table)
+    questions = {}
+    for attribute in table.attribute_names:
+        for form in _QUESTION_FORMS:
+            question = form.format(attribute.replace("_", " "))
+            if all(
+                answerer.answer(e.name, question).yes_or_no == table.value(e.name, attribute) for e in table.entities
+            ):
+                questions[attribute] = question
+                break
+    return questions
+
+
+class ScriptedPlayer:
+    """One game's scripted player: `reply()` gives the next question, `observe(answer)` takes its answer."""
+
+    def __init__(
+        self,
+        candidates: Sequence[str],
+        rng: random.Random,
+        question_rate: float,
+        max_turns: int,
+        table: EntityTable | None = None,
+        questions: dict[str, str] | None = None,
+    ) -> None:
+        self.table = table or default_table()
+        self.questions = questions if questions is not None else attribute_questions()
+        self.possible = list(candidates)
+        self.rng = rng
+        self.question_rate = question_rate
+        self.turns_left = max_turns
+        self._asked: tuple[str, str] | None = None  # (kind, attribute or name) of the last reply
+
+    def reply(self) -> str:
+        """The next reply: a splitting question (when one helps and turns allow), else a guess."""
+        self.turns_left -= 1
+        split = self._best_split()
+        if split is not None and self.turns_left >= len(self.possible) // 2 and self.rng.random() < self.question_rate:
+            self._asked = ("question", split)
+            return self.questions[split]
+        self._asked = ("guess", self.possible[0])
+        return f"Is it {self.possible[0]}?"
+
+    def observe(self, answer: str) -> None:
+        """Drop the candidates the answer to the last reply rules out."""
+        if self._asked is None:
+            return
+        kind, subject = self._asked
+        if kind == "guess" and answer == "no":
+            self.possible.remove(subject)
+        elif kind == "question" and answer in ("yes", "no"):
+            self.possible = [name for name in self.possible if self.table.value(name, subject) == answer]
+        self._asked = None
+
+    def _best_split(self) -> str | None:
+        """The attribute that splits the possible candidates most evenly into yes and no (None if none splits)."""
+        best: tuple[int, str] | None = None
+        for attribute in sorted(self.questions):
+            values = [self.table.value(name, attribute) for name in self.possible]
+            if "n/a" in values:
+                continue
+            smaller = min(values.count("yes"), values.count("no"))
+            if smaller and (best is None or smaller > best[0]):
+                best = (smaller, attribute)
+        return best[1] if best else None
+
+
+class ScriptedPlayerLLM(LocalLLM):
+    """A CrewAI LLM that plays a ScriptedPlayer and records every (messages, reply) it was asked for."""
+
+    def __init__(self, player: ScriptedPlayer) -> None:
+        super().__init__(model="twenty-questions-scripted-player", temperature=0.0)
+        self.player = player
+        self.turns: list[tuple[list[dict[str, Any]], str]] = []
+
+    def call(
+        self,
+        messages: Any,
+        tools: Any = None,
+        callbacks: Any = None,
+        available_functions: Any = None,
+        from_task: Any = None,
+        from_agent: Any = None,
+        response_model: Any = None,
+    ) -> str:
+        """Read the last answer from the conversation, reply, and record the pair."""
+        conversation = [{"role": m["role"], "content": m["content"]} for m in messages]
+        if self.turns:
+            answer = _ANSWER.search(str(conversation[-1]["content"]))
+            self.player.observe(answer.group(1) if answer else "n/a")
+        reply = self.player.reply()
+        self.turns.append((conversation, reply))
+        return reply
+
+
+def crewai_system_prompt(max_turns: int) -> dict[str, Any]:
+    """The system message CrewAI gives the player (its version's wording), read off one scripted game."""
+    from twenty_q.agent import PlayerSettings, play_game
+    from twenty_q.answerer_llm import AnswererConfig
+
+    player = ScriptedPlayerLLM(ScriptedPlayer(["dog"], random.Random(0), 0.0, 1))
+    play_game(
+        {"secret": "dog", "category": "animals", "candidates": ["dog"]},
+        None,
+        settings=PlayerSettings(use_search=False, max_turns=1),
+        answerer=AnswererConfig(),
+        player=player,
+    )
+    system = player.turns[0][0][0]
+    if system["role"] != "system":
+        raise RuntimeError(f"CrewAI's first player message is {system['role']!r}, not the system prompt")
+    return system
+
+
+def scripted_game(
+    task: dict[str, Any], player: ScriptedPlayer, system: dict[str, Any], max_turns: int, answerer: Any
+) -> tuple[list[tuple[list[dict[str, Any]], str]], bool]:
+    """One game as the flow plays it (same messages, same answers), without CrewAI's per-turn cost:
+    ((prompt messages, reply) of every turn, whether it was won)."""
+    from twenty_q.prompts import extract_question, feedback_message, opening_message
+
+    messages = [system, {"role": "user", "content": opening_message(task["category"], max_turns, task["candidates"])}]
+    turns = []
+    for turn in range(1, max_turns + 1):
+        reply = player.reply()
+        turns.append((list(messages), reply))
+        question = extract_question(reply)
+        answer = answerer.answer(task["secret"], question) if question else None
+        player.observe(answer.yes_or_no if answer else "n/a")
+        messages += [
+            {"role": "assistant", "content": reply},
+            {
+                "role": "user",
+                "content": feedback_message(turn, max_turns, question, answer.yes_or_no if answer else None),
+            },
+        ]
+        if answer is not None and answer.correct:
+            return turns, True
+    return turns, False
+
+
+def warm_start_games(
+    tasks: Sequence[dict[str, Any]],
+    seed: int,
+    question_rate: float,
+    max_turns: int,
+    table: EntityTable | None = None,
+) -> tuple[list[tuple[list[dict[str, Any]], str]], list[bool]]:
+    """The scripted player's games on `tasks`: ((prompt messages, reply) of every turn, whether each game was won).
+
+    table: the entities the answerer and the player know (default: the bundled table)."""
+    from twenty_q.answerer import DeterministicAnswerer
+
+    rng = random.Random(seed)
+    table = table or default_table()
+    questions = attribute_questions()
+    answerer = DeterministicAnswerer(table)
+    system = crewai_system_prompt(max_turns)
+    pairs: list[tuple[list[dict[str, Any]], str]] = []
+    won: list[bool] = []
+    for task in tasks:
+        player = ScriptedPlayer(task["candidates"], rng, question_rate, max_turns, table, questions)
+        turns, guessed = scripted_game(task, player, system, max_turns, answerer)
+        pairs += turns
+        won.append(guessed)
+    return pairs, won

@@ -1,0 +1,68 @@
+"""The learning setup of the Twenty Questions example: the entity split, the candidate lists, and the
+scripted player whose games are the warm-start data (played as the real CrewAI flow plays them)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import twenty_questions_helpers  # noqa: F401  (puts the example on the import path)
+from twenty_q.agent import PlayerSettings, play_game
+from twenty_q.answerer import DeterministicAnswerer
+from twenty_q.answerer_llm import AnswererConfig
+from twenty_q.learning import CANDIDATES, MAX_TURNS, learning_split, phase_tasks
+from twenty_q.prompts import extract_question
+from twenty_q.scripted import ScriptedPlayer, crewai_system_prompt, scripted_game, warm_start_games
+from twenty_questions_helpers import PlainEndpoint, ScriptedOpenAIServer
+
+
+def test_the_split_is_disjoint_and_held_out_names_never_reach_the_warm_start_or_rl() -> None:
+    warm, rl, held_out = learning_split()
+    names = [{e.name for e in part} for part in (warm, rl, held_out)]
+    assert all(not a & b for i, a in enumerate(names) for b in names[i + 1 :])
+    assert len(warm) == 96 and len(rl) == 64 and len(held_out) == 40
+    assert learning_split() == (warm, rl, held_out), "fixed whatever the run"
+    warm_start_names = {n for t in phase_tasks("warm_start", 4) for n in t["candidates"]}
+    rl_names = {n for t in phase_tasks("rl", 4) for n in t["candidates"]}
+    assert warm_start_names <= names[0]
+    assert not rl_names & names[2] and {t["secret"] for t in phase_tasks("rl", 1)} == names[1]
+    for task in phase_tasks("held_out", 2):
+        assert task["secret"] in names[2] and task["secret"] in task["candidates"]
+        assert len(set(task["candidates"])) == CANDIDATES
+
+
+def test_a_candidate_list_is_shown_in_the_opening_message_of_the_real_flow() -> None:
+    task = phase_tasks("held_out", 1)[0]
+    with ScriptedOpenAIServer([f"Is it {task['candidates'][0]}?"]) as server:
+        play_game(task, PlainEndpoint(server.base_url), settings=PlayerSettings(use_search=False, max_turns=1))
+    opening = server.requests[0]["messages"][1]["content"]
+    assert f"It is one of: {', '.join(task['candidates'])}." in opening
+
+
+@pytest.mark.slow
+def test_a_scripted_game_sends_what_the_crewai_flow_sends() -> None:
+    """The warm start trains on exactly the prompts the flow will build: same system prompt, same turns."""
+    system = crewai_system_prompt(MAX_TURNS)
+    answerer = DeterministicAnswerer()
+    settings = PlayerSettings(use_search=False, max_turns=MAX_TURNS)
+    for task in phase_tasks("warm_start", 1)[:6]:
+        turns, won = scripted_game(
+            task, ScriptedPlayer(task["candidates"], random.Random(3), 0.5, MAX_TURNS), system, MAX_TURNS, answerer
+        )
+        with ScriptedOpenAIServer([reply for _, reply in turns]) as server:
+            state = play_game(task, PlainEndpoint(server.base_url), settings=settings, answerer=AnswererConfig())
+        assert [r["messages"] for r in server.requests] == [messages for messages, _ in turns]
+        assert state.guessed == won and state.turn == len(turns)
+
+
+def test_the_scripted_player_wins_every_game_within_the_turns_and_asks_only_answerable_questions() -> None:
+    pairs, won = warm_start_games(phase_tasks("warm_start", 2), seed=0, question_rate=0.5, max_turns=MAX_TURNS)
+    assert all(won) and len(won) == 192
+    replies = [reply for _, reply in pairs]
+    assert all(extract_question(reply) == reply for reply in replies)
+    questions = [
+        r
+        for r in replies
+        if not any(r == f"Is it {n}?" for n in {n for t in phase_tasks("warm_start", 2) for n in t["candidates"]})
+    ]
+    assert questions, "question_rate 0.5 asks questions"
