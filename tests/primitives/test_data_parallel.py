@@ -103,7 +103,10 @@ def test_two_ranks_give_one_process_loss_gradients_and_next_weights(tiny_model_d
         for client in (single, driver):
             client.forward_backward(data, "importance_sampling")
             client.forward_backward(more, "cross_entropy")
-        assert_same_up_to_float_order(_gradients(driver), _gradients(single))
+        # After an Adam step `single` is no longer bit-equal to the driver: where a gradient was float noise,
+        # Adam moves the weight by about ±lr whichever the noise's sign, so the next gradients agree a little
+        # less closely: 1.6e-6 of the largest on an AMD EPYC, where 1e-6 failed on the commit that last passed CI.
+        assert_same_up_to_float_order(_gradients(driver), _gradients(single), tolerance=1e-5)
     finally:
         driver.close()
         single.close()
