@@ -64,7 +64,7 @@ def main() -> None:
         model = get_peft_model(model, LoraConfig(r=args.lora, lora_alpha=2 * args.lora, target_modules="all-linear"))
     tasks, table = with_made_up_names(phase_tasks("warm_start", 4), args.made_up_names, random.Random(0))
     pairs, _ = warm_start_games(tasks, 0, args.question_rate, MAX_TURNS, table)
-    system = crewai_system_prompt(MAX_TURNS)
+    system = crewai_system_prompt()
     answerer = DeterministicAnswerer()
     stop = codec.stop_token_ids
 

@@ -42,7 +42,7 @@ def test_a_candidate_list_is_shown_in_the_opening_message_of_the_real_flow() -> 
 @pytest.mark.slow
 def test_a_scripted_game_sends_what_the_crewai_flow_sends() -> None:
     """The warm start trains on exactly the prompts the flow will build: same system prompt, same turns."""
-    system = crewai_system_prompt(MAX_TURNS)
+    system = crewai_system_prompt()
     answerer = DeterministicAnswerer()
     settings = PlayerSettings(use_search=False, max_turns=MAX_TURNS)
     for task in phase_tasks("warm_start", 1)[:6]:

@@ -1,4 +1,4 @@
-"""The scripted player whose games make the warm-start data, and the CrewAI LLM that plays it in the real flow.
+"""The scripted player whose games make the warm-start data, written as the real CrewAI flow plays them.
 
 The scripted player knows every bundled entity's attributes. Now and then (`question_rate`) it asks the
 question that best splits the candidates still possible; otherwise it guesses the first of them, in the
@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import functools
 import random
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from twenty_q.answerer_llm import LocalLLM
 from twenty_q.data import EntityTable, default_table
 
-_ANSWER = re.compile(r"^Answer: (yes|no|n/a)\.", re.MULTILINE)
 _QUESTION_FORMS = ("Is it a {}?", "Is it {}?", "Does it have {}?")
 
 
@@ -96,48 +94,33 @@ class ScriptedPlayer:
         return best[1] if best else None
 
 
-class ScriptedPlayerLLM(LocalLLM):
-    """A CrewAI LLM that plays a ScriptedPlayer and records every (messages, reply) it was asked for."""
+class _SystemPromptReader(LocalLLM):
+    """A CrewAI LLM that keeps the first messages it is sent and guesses "dog", which ends a one-name game."""
 
-    def __init__(self, player: ScriptedPlayer) -> None:
-        super().__init__(model="twenty-questions-scripted-player", temperature=0.0)
-        self.player = player
-        self.turns: list[tuple[list[dict[str, Any]], str]] = []
+    def __init__(self) -> None:
+        super().__init__(model="twenty-questions-system-prompt-reader", temperature=0.0)
+        self.first_messages: list[dict[str, Any]] = []
 
-    def call(
-        self,
-        messages: Any,
-        tools: Any = None,
-        callbacks: Any = None,
-        available_functions: Any = None,
-        from_task: Any = None,
-        from_agent: Any = None,
-        response_model: Any = None,
-    ) -> str:
-        """Read the last answer from the conversation, reply, and record the pair."""
-        conversation = [{"role": m["role"], "content": m["content"]} for m in messages]
-        if self.turns:
-            answer = _ANSWER.search(str(conversation[-1]["content"]))
-            self.player.observe(answer.group(1) if answer else "n/a")
-        reply = self.player.reply()
-        self.turns.append((conversation, reply))
-        return reply
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> str:
+        """Keep the messages of the first call; reply with the winning guess."""
+        self.first_messages = self.first_messages or [{"role": m["role"], "content": m["content"]} for m in messages]
+        return "Is it dog?"
 
 
-def crewai_system_prompt(max_turns: int) -> dict[str, Any]:
-    """The system message CrewAI gives the player (its version's wording), read off one scripted game."""
+def crewai_system_prompt() -> dict[str, Any]:
+    """The system message CrewAI gives the player (its version's wording), read off one real one-turn game."""
     from twenty_q.agent import PlayerSettings, play_game
     from twenty_q.answerer_llm import AnswererConfig
 
-    player = ScriptedPlayerLLM(ScriptedPlayer(["dog"], random.Random(0), 0.0, 1))
+    reader = _SystemPromptReader()
     play_game(
         {"secret": "dog", "category": "animals", "candidates": ["dog"]},
         None,
         settings=PlayerSettings(use_search=False, max_turns=1),
         answerer=AnswererConfig(),
-        player=player,
+        player=reader,
     )
-    system = player.turns[0][0][0]
+    system = reader.first_messages[0]
     if system["role"] != "system":
         raise RuntimeError(f"CrewAI's first player message is {system['role']!r}, not the system prompt")
     return system
@@ -186,7 +169,7 @@ def warm_start_games(
     table = table or default_table()
     questions = attribute_questions()
     answerer = DeterministicAnswerer(table)
-    system = crewai_system_prompt(max_turns)
+    system = crewai_system_prompt()
     pairs: list[tuple[list[dict[str, Any]], str]] = []
     won: list[bool] = []
     for task in tasks:
