@@ -35,6 +35,7 @@ from shared_helpers import REPO, new_id
 
 from agl_bridge.runner import AgentCommand
 from agl_bridge.runner.endpoint import Endpoint
+from agl_bridge.types import LLMCall
 
 EXAMPLES = REPO / "examples" / "agents"
 TASK = {"turns": ["What is 2 + 3? Use the add tool.", "Now add 4 to that."]}
@@ -130,10 +131,29 @@ def _isolated_home(root: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("recipe", [recipe.param() for recipe in RECIPES])
-def test_agent_recipe(
-    recipe: Recipe, agent_server: AgentServer, tiny_scorer: Any, tiny_tokenizer: Any, tmp_path: Path
-) -> None:
+@dataclass(frozen=True)
+class Conversation:
+    """One run of a recipe's agent in a rollout of its own: its exit, its requests, the calls recorded."""
+
+    result: subprocess.CompletedProcess[str]
+    rollout_id: str
+    attempt_id: str
+    exchanges: list[Any]
+    calls: list[LLMCall]
+    recorded_elsewhere: int  # calls the store gained outside this rollout meanwhile
+
+    @property
+    def prefix(self) -> str:
+        return f"/rollout/{self.rollout_id}/attempt/{self.attempt_id}"
+
+    def cut_short(self) -> bool:
+        """The random model's reply ran to its token limit and the agent gave up before a second turn."""
+        cut = any(call.finish_reason == "length" for call in self.calls)
+        return cut and self.result.returncode != 0 and not continuations(self.calls)
+
+
+def _converse(recipe: Recipe, agent_server: AgentServer, root: Path) -> Conversation:
+    """Runs the recipe's agent through the two-turn task, in a fresh home under `root`."""
     argv, install_env = _command(recipe)
     rollout_id, attempt_id = new_id(f"ro-{recipe.name}"), new_id("at")
     origin = agent_server.tap.origin
@@ -147,19 +167,36 @@ def test_agent_recipe(
     )
     env = AgentCommand(argv).environment(TASK, endpoint)
     env.update(install_env)
-    env.update(_isolated_home(tmp_path))
+    env.update(_isolated_home(root))
     env.update(recipe.env)
-    workdir = tmp_path / "work"
-    workdir.mkdir()
+    workdir = root / "work"
+    workdir.mkdir(parents=True)
     seen, recorded_before = len(agent_server.tap), count_all_calls(agent_server.store)
-
     result = subprocess.run(
         argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=AGENT_TIMEOUT_S
     )
-
-    exchanges = agent_server.tap.since(seen)
     calls = stored_calls(agent_server.store, rollout_id)
-    prefix = f"/rollout/{rollout_id}/attempt/{attempt_id}"
+    recorded_elsewhere = count_all_calls(agent_server.store) - recorded_before - len(calls)
+    return Conversation(result, rollout_id, attempt_id, agent_server.tap.since(seen), calls, recorded_elsewhere)
+
+
+CONVERSATION_TRIES = 3
+"""A first reply the random model runs to its token limit ends some agents' conversation (the Agents SDK
+raises on an `incomplete` Responses answer, as OpenAI sends it). That is the model's words, not the
+product, so the conversation is held again, in a new rollout, until one reaches its second turn."""
+
+
+@pytest.mark.parametrize("recipe", [recipe.param() for recipe in RECIPES])
+def test_agent_recipe(
+    recipe: Recipe, agent_server: AgentServer, tiny_scorer: Any, tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    for attempt in range(CONVERSATION_TRIES):
+        conversation = _converse(recipe, agent_server, tmp_path / f"conversation-{attempt}")
+        if not (recipe.multi_turn and conversation.cut_short()):
+            break
+        print(f"{recipe.name}: the random model's first reply ran to the token limit and ended the conversation")
+    result, exchanges, calls = conversation.result, conversation.exchanges, conversation.calls
+    prefix = conversation.prefix
     print(  # shown with -s: what the agent did, for docs/agents.md's table
         f"{recipe.name}: exit {result.returncode}, {len(exchanges)} requests, {len(calls)} calls, prompt lengths "
         f"{[len(c.prompt_token_ids) for c in calls]}, continued turns {len(continuations(calls))}, fields sent "
@@ -170,11 +207,10 @@ def test_agent_recipe(
         check_reached_and_answered(exchanges, prefix + "/")
         wrong_route = [e.describe() for e in model_requests(exchanges) if not e.path.endswith(recipe.route)]
         assert not wrong_route, f"{recipe.name} should speak {recipe.route} only: {wrong_route}"
-        check_recorded(calls, exchanges, rollout_id, attempt_id)
-        assert count_all_calls(agent_server.store) - recorded_before == len(calls), "calls recorded outside the rollout"
+        check_recorded(calls, exchanges, conversation.rollout_id, conversation.attempt_id)
+        assert not conversation.recorded_elsewhere, "calls recorded outside the rollout"
         check_sampled_on(calls, tiny_scorer)
-        # A reply the random model ran to the token limit may make an agent raise (the Agents SDK refuses
-        # a Responses answer whose status is `incomplete`, as OpenAI sends it): its words, not the product.
+        # A reply the random model ran to the token limit may make an agent raise (see CONVERSATION_TRIES).
         cut = any(call.finish_reason == "length" for call in calls)
         if recipe.exits_cleanly and not cut:
             assert result.returncode == 0, f"{recipe.name} failed"
