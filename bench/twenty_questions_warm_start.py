@@ -95,8 +95,8 @@ def main() -> None:
                     )
                     reply = tokenizer.decode(out[0, len(prompt) :], skip_special_tokens=True).strip()
                     replies += 1
-                    named += any(reply == f"Is it {name}?" for name in task["candidates"])
-                    question = extract_question(reply)
+                    question = extract_question(reply, task["candidates"])
+                    named += question in {f"Is it {name}?" for name in task["candidates"]}
                     answer = answerer.answer(task["secret"], question) if question else None
                     messages += [
                         {"role": "assistant", "content": reply},

@@ -4,6 +4,7 @@ scripted player whose games are the warm-start data (played as the real CrewAI f
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import twenty_questions_helpers  # noqa: F401  (puts the example on the import path)
@@ -11,7 +12,7 @@ from twenty_q.agent import PlayerSettings, play_game
 from twenty_q.answerer import DeterministicAnswerer
 from twenty_q.answerer_llm import AnswererConfig
 from twenty_q.learning import CANDIDATES, MAX_TURNS, learning_split, phase_tasks
-from twenty_q.prompts import extract_question
+from twenty_q.prompts import extract_question, resolve_numbered_guess
 from twenty_q.scripted import ScriptedPlayer, crewai_system_prompt, scripted_game, warm_start_games
 from twenty_questions_helpers import PlainEndpoint, ScriptedOpenAIServer
 
@@ -31,12 +32,41 @@ def test_the_split_is_disjoint_and_held_out_names_never_reach_the_warm_start_or_
         assert len(set(task["candidates"])) == CANDIDATES
 
 
-def test_a_candidate_list_is_shown_in_the_opening_message_of_the_real_flow() -> None:
+def test_the_real_flow_numbers_the_candidates_and_reads_a_guess_by_number_as_the_name() -> None:
     task = phase_tasks("held_out", 1)[0]
-    with ScriptedOpenAIServer([f"Is it {task['candidates'][0]}?"]) as server:
-        play_game(task, PlainEndpoint(server.base_url), settings=PlayerSettings(use_search=False, max_turns=1))
+    candidates = list(task["candidates"])
+    secret_number = candidates.index(task["secret"]) + 1
+    wrong_number = 1 if secret_number != 1 else 2
+    replies = [f"Is it number {wrong_number}?", "Is it number 99?", f"is it #{secret_number}?"]
+    with ScriptedOpenAIServer(replies) as server:
+        state = play_game(
+            task, PlainEndpoint(server.base_url), settings=PlayerSettings(use_search=False, max_turns=MAX_TURNS)
+        )
     opening = server.requests[0]["messages"][1]["content"]
-    assert f"It is one of: {', '.join(task['candidates'])}." in opening
+    assert "It is one of: " + "; ".join(f"{i}. {name}" for i, name in enumerate(candidates, start=1)) in opening
+    assert [(t.question, t.answer) for t in state.history] == [
+        (f"Is it {candidates[wrong_number - 1]}?", "no"),
+        ("Is it number 99?", "n/a"),  # not on the list: asked as is, and the answerer cannot read it
+        (f"Is it {task['secret']}?", "yes"),
+    ]
+    assert state.guessed and state.turn == 3
+
+
+@pytest.mark.parametrize(
+    ("question", "read"),
+    [
+        ("Is it number 2?", "Is it cat?"),
+        ("IS IT NUMBER 3 ?", "Is it penguin?"),
+        ("Is it #1?", "Is it dog?"),
+        ("Is it number 4?", "Is it number 4?"),
+        ("Is it number 0?", "Is it number 0?"),
+        ("Is it a number?", "Is it a number?"),
+        ("Is it number 2 or 3?", "Is it number 2 or 3?"),
+    ],
+)
+def test_a_guess_by_number_names_that_candidate_and_nothing_else_is_rewritten(question: str, read: str) -> None:
+    assert resolve_numbered_guess(question, ["dog", "cat", "penguin"]) == read
+    assert extract_question(f"Thought: ok\nFinal Answer: {question}", ["dog", "cat", "penguin"]) == read
 
 
 @pytest.mark.slow
@@ -60,9 +90,20 @@ def test_the_scripted_player_wins_every_game_within_the_turns_and_asks_only_answ
     assert all(won) and len(won) == 192
     replies = [reply for _, reply in pairs]
     assert all(extract_question(reply) == reply for reply in replies)
-    questions = [
-        r
-        for r in replies
-        if not any(r == f"Is it {n}?" for n in {n for t in phase_tasks("warm_start", 2) for n in t["candidates"]})
-    ]
-    assert questions, "question_rate 0.5 asks questions"
+    guesses = [r for r in replies if re.fullmatch(rf"Is it number [1-{CANDIDATES}]\?", r)]
+    questions = [r for r in replies if r not in guesses]
+    assert guesses and questions, "question_rate 0.5 asks questions and guesses by number"
+
+
+def test_a_player_that_ignores_its_answers_guesses_through_the_list_in_order_and_only_won_games_are_kept() -> None:
+    tasks = phase_tasks("warm_start", 1)
+    pairs, won = warm_start_games(tasks, seed=0, question_rate=0.5, max_turns=MAX_TURNS, uses_answers=False)
+    assert 0 < sum(won) < len(won), "questions cost turns: some games are lost"
+    numbers_per_game: list[list[int]] = []
+    for messages, reply in pairs:
+        if len(messages) == 2:  # a game's first turn: the system prompt and the opening
+            numbers_per_game.append([])
+        if match := re.fullmatch(r"Is it number (\d)\?", reply):
+            numbers_per_game[-1].append(int(match.group(1)))
+    assert len(numbers_per_game) == sum(won)
+    assert all(numbers == list(range(1, len(numbers) + 1)) for numbers in numbers_per_game)

@@ -65,9 +65,20 @@ class TwentyQuestionsFlow(Flow[GameState]):
         self.answerer_llm = answerer_llm
         self.search_tool = EncyclopediaSearchTool() if use_search else None
         self.player_max_iter = player_max_iter
+        self.quiet = quiet
         if quiet:
             quiet_crewai_console()
         super().__init__(**kwargs)
+
+    def _log_flow_event(self, message: str, *args: Any, **kwargs: Any) -> None:
+        """CrewAI's flow log ("Flow started with ID: ..."), printed once per game unless the flow is quiet.
+
+        CrewAI 1.6.1 prints it to stdout with no switch: learning runs play thousands of games.
+        """
+        if self.quiet:
+            logger.debug(message)
+        else:
+            super()._log_flow_event(message, *args, **kwargs)
 
     # ------------------------------------------------------------------ the graph
 
@@ -81,7 +92,7 @@ class TwentyQuestionsFlow(Flow[GameState]):
                 {"role": "user", "content": opening_message(state.category, state.max_turns, state.candidates)}
             )
         reply = self._player_reply()
-        question = extract_question(reply)
+        question = extract_question(reply, state.candidates)
         state.history.append(Turn(number=state.turn, reply=reply, question=question, wasted=question is None))
         state.messages.append({"role": "assistant", "content": reply})
 

@@ -17,8 +17,10 @@ Ask one yes/no question per turn, ending with "?"."""
 
 
 def opening_message(category: str, max_turns: int, candidates: Sequence[str] = ()) -> str:
-    """The first user message of a game; `candidates`, when given, are listed as the names the secret is among."""
-    among = f"\nIt is one of: {', '.join(candidates)}." if candidates else ""
+    """The first user message of a game; `candidates`, when given, are numbered as the names the secret is among
+    (a guess may name one by its number: `resolve_numbered_guess`)."""
+    numbered = "; ".join(f"{number}. {name}" for number, name in enumerate(candidates, start=1))
+    among = f'\nIt is one of: {numbered}.\nGuess one by its number: "Is it number 3?"' if candidates else ""
     return (
         f'Twenty Questions: I am thinking of something in the category "{category}". You have {max_turns} '
         f"yes/no questions; I answer yes, no or n/a.{among}\n{STRATEGY_GUIDE}\nYour first question?"
@@ -38,8 +40,25 @@ _SENTENCE = re.compile(r"(?:[^.!?\n]|\.(?=\S))*\?")
 _WORD = re.compile(r"[A-Za-z]{2,}")
 
 
-def extract_question(reply: str | None) -> str | None:
-    """The yes/no question in a player's reply, or None when there is none (a wasted turn).
+_NUMBERED_GUESS = re.compile(r"^is it (?:number|#) ?(\d+) ?\?$", re.IGNORECASE)
+
+
+def resolve_numbered_guess(question: str, candidates: Sequence[str]) -> str:
+    """A guess by list number ("Is it number 3?") as the answerer reads guesses: "Is it <the third name>?".
+
+    Any other question, and a number outside the list, is returned as asked (the answerer says n/a to it).
+    A tiny model knows no name it was not trained on, and copying a multi-token name out of the list is
+    beyond it; a number is one token.
+    """
+    match = _NUMBERED_GUESS.match(question.strip())
+    if match is None or not 1 <= int(match.group(1)) <= len(candidates):
+        return question
+    return f"Is it {candidates[int(match.group(1)) - 1]}?"
+
+
+def extract_question(reply: str | None, candidates: Sequence[str] = ()) -> str | None:
+    """The yes/no question in a player's reply, or None when there is none (a wasted turn); a guess of one of
+    the listed `candidates` by its number is read as naming it (`resolve_numbered_guess`).
 
     CrewAI's ReAct format puts the answer after "Final Answer:"; free text is read as a whole. The
     first sentence that ends with "?" and has at least two words is the question.
@@ -51,5 +70,5 @@ def extract_question(reply: str | None) -> str | None:
     for candidate in _SENTENCE.findall(text):
         candidate = " ".join(candidate.split())
         if len(_WORD.findall(candidate)) >= 2 and len(candidate) <= 300:
-            return candidate
+            return resolve_numbered_guess(candidate, candidates)
     return None

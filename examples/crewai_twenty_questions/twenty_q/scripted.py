@@ -41,7 +41,11 @@ def attribute_questions() -> dict[str, str]:
 
 
 class ScriptedPlayer:
-    """One game's scripted player: `reply()` gives the next question, `observe(answer)` takes its answer."""
+    """One game's scripted player: `reply()` gives the next question, `observe(answer)` takes its answer.
+
+    uses_answers: False makes a player that asks the same questions but ignores their answers, guessing
+    through the list in order (what a student that does not know the names can imitate).
+    """
 
     def __init__(
         self,
@@ -51,14 +55,17 @@ class ScriptedPlayer:
         max_turns: int,
         table: EntityTable | None = None,
         questions: dict[str, str] | None = None,
+        uses_answers: bool = True,
     ) -> None:
         self.table = table or default_table()
         self.questions = questions if questions is not None else attribute_questions()
+        self.candidates = list(candidates)
         self.possible = list(candidates)
         self.rng = rng
         self.question_rate = question_rate
         self.turns_left = max_turns
         self._asked: tuple[str, str] | None = None  # (kind, attribute or name) of the last reply
+        self.uses_answers = uses_answers
 
     def reply(self) -> str:
         """The next reply: a splitting question (when one helps and turns allow), else a guess."""
@@ -68,7 +75,7 @@ class ScriptedPlayer:
             self._asked = ("question", split)
             return self.questions[split]
         self._asked = ("guess", self.possible[0])
-        return f"Is it {self.possible[0]}?"
+        return f"Is it number {self.candidates.index(self.possible[0]) + 1}?"
 
     def observe(self, answer: str) -> None:
         """Drop the candidates the answer to the last reply rules out."""
@@ -77,7 +84,7 @@ class ScriptedPlayer:
         kind, subject = self._asked
         if kind == "guess" and answer == "no":
             self.possible.remove(subject)
-        elif kind == "question" and answer in ("yes", "no"):
+        elif kind == "question" and answer in ("yes", "no") and self.uses_answers:
             self.possible = [name for name in self.possible if self.table.value(name, subject) == answer]
         self._asked = None
 
@@ -138,7 +145,7 @@ def scripted_game(
     for turn in range(1, max_turns + 1):
         reply = player.reply()
         turns.append((list(messages), reply))
-        question = extract_question(reply)
+        question = extract_question(reply, task["candidates"])
         answer = answerer.answer(task["secret"], question) if question else None
         player.observe(answer.yes_or_no if answer else "n/a")
         messages += [
@@ -159,10 +166,13 @@ def warm_start_games(
     question_rate: float,
     max_turns: int,
     table: EntityTable | None = None,
+    uses_answers: bool = True,
 ) -> tuple[list[tuple[list[dict[str, Any]], str]], list[bool]]:
-    """The scripted player's games on `tasks`: ((prompt messages, reply) of every turn, whether each game was won).
+    """The scripted player's games on `tasks`: ((prompt messages, reply) of every turn of the games it won,
+    whether each game was won).
 
-    table: the entities the answerer and the player know (default: the bundled table)."""
+    table: the entities the answerer and the player know (default: the bundled table); uses_answers: see
+    `ScriptedPlayer`."""
     from twenty_q.answerer import DeterministicAnswerer
 
     rng = random.Random(seed)
@@ -173,8 +183,9 @@ def warm_start_games(
     pairs: list[tuple[list[dict[str, Any]], str]] = []
     won: list[bool] = []
     for task in tasks:
-        player = ScriptedPlayer(task["candidates"], rng, question_rate, max_turns, table, questions)
+        player = ScriptedPlayer(task["candidates"], rng, question_rate, max_turns, table, questions, uses_answers)
         turns, guessed = scripted_game(task, player, system, max_turns, answerer)
-        pairs += turns
+        if guessed:
+            pairs += turns
         won.append(guessed)
     return pairs, won
