@@ -146,10 +146,14 @@ class Conversation:
     def prefix(self) -> str:
         return f"/rollout/{self.rollout_id}/attempt/{self.attempt_id}"
 
+    @property
+    def cut(self) -> bool:
+        """A reply the random model ran to its token limit (see CONVERSATION_TRIES)."""
+        return any(call.finish_reason == "length" for call in self.calls)
+
     def cut_short(self) -> bool:
-        """The random model's reply ran to its token limit and the agent gave up before a second turn."""
-        cut = any(call.finish_reason == "length" for call in self.calls)
-        return cut and self.result.returncode != 0 and not continuations(self.calls)
+        """A reply was cut and the agent gave up before a second turn."""
+        return self.cut and self.result.returncode != 0 and not continuations(self.calls)
 
 
 def _converse(recipe: Recipe, agent_server: AgentServer, root: Path) -> Conversation:
@@ -210,9 +214,7 @@ def test_agent_recipe(
         check_recorded(calls, exchanges, conversation.rollout_id, conversation.attempt_id)
         assert not conversation.recorded_elsewhere, "calls recorded outside the rollout"
         check_sampled_on(calls, tiny_scorer)
-        # A reply the random model ran to the token limit may make an agent raise (see CONVERSATION_TRIES).
-        cut = any(call.finish_reason == "length" for call in calls)
-        if recipe.exits_cleanly and not cut:
+        if recipe.exits_cleanly and not conversation.cut:  # a cut reply may make an agent raise
             assert result.returncode == 0, f"{recipe.name} failed"
         if recipe.multi_turn and (edited := check_multi_turn(calls, tiny_tokenizer.decode)):
             print(f"{recipe.name}: calls {edited} continue a reply the agent changed before sending it back")
