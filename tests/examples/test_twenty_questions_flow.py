@@ -137,3 +137,27 @@ def test_the_search_tool_is_counted_and_answers_about_the_named_thing() -> None:
     assert state.guessed and state.turn == 1 and state.tool_calls == 1
     observation = str(server.requests[1]["messages"])
     assert "penguin (animals)" in observation and "lays eggs" in observation
+
+
+def test_answers_do_not_wait_on_crewais_task_output_database() -> None:
+    """CrewAI writes every crew's task outputs to one SQLite file; an answerer crew keeps them in memory, so a
+    lock held on that file (dozens of concurrent games under load) costs no answer."""
+    import sqlite3
+
+    from crewai.memory.storage.kickoff_task_outputs_storage import KickoffTaskOutputsSQLiteStorage
+
+    locker = sqlite3.connect(KickoffTaskOutputsSQLiteStorage().db_path, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        with ScriptedOpenAIServer(["Is it a bird?", "Is it a penguin?"]) as server:
+            state = play_game(
+                {"secret": "penguin", "category": "animals"},
+                PlainEndpoint(server.base_url),
+                settings=PlayerSettings(use_search=False, max_turns=2),
+                answerer=AnswererConfig(),
+            )
+    finally:
+        locker.rollback()
+        locker.close()
+    assert state.guessed and state.answerer_errors == 0
+    assert [t.answer for t in state.history] == ["yes", "yes"]

@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any
 
-from crewai import Agent, Crew, Task
+from crewai import Agent, Task
 from crewai.flow.flow import Flow, listen, router, start
 
 from twenty_q.answerer import AnswererResponse
@@ -32,6 +32,7 @@ from twenty_q.prompts import (
 )
 from twenty_q.search import EncyclopediaSearchTool
 from twenty_q.state import GameState, Turn
+from twenty_q.task_outputs import answerer_crew
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ class TwentyQuestionsFlow(Flow[GameState]):
         )
         started = time.perf_counter()
         try:
-            result = Crew(agents=[agent], tasks=[task], verbose=False).kickoff()
+            result = answerer_crew(agent, task).kickoff()
             logger.debug("turn %d: answerer %.2fs", state.turn, time.perf_counter() - started)
             if isinstance(result.pydantic, AnswererResponse):
                 return result.pydantic
