@@ -56,7 +56,7 @@ def run_seed(example: str, seed: int, run_dir: Path, extra: list[str]) -> dict[s
         "end": round(end["success_rate"], 3),
         "lift": round(end["success_rate"] - start["success_rate"], 3),
         "turns_start_end": [round(start["turns_mean"], 2), round(end["turns_mean"], 2)],
-        "end_games": end["games"],
+        "end_episodes": end.get("games", end.get("episodes")),  # Twenty Questions counts games
         "wall_min": round(wall / 60, 1),
     }
     if "well_formed_rate" in end:

@@ -68,8 +68,9 @@ def check_choice(name: str, value: Any, allowed: Any) -> None:
 class WarmStartConfig:
     """A supervised warm start (cold-start SFT) before RL: `cross_entropy` on (prompt, response) pairs.
 
-    `data`: JSONL with {"prompt": str or messages, "response": str} per line (or use the Python API
-    and pass pairs directly). The run evaluates before and after it.
+    `data`: JSONL with {"prompt": str or messages, "response": str} per line, the prompt also
+    {"messages": [...], "tools": [...]} for an agent that sends tools (or use the Python API and pass
+    pairs directly). The run evaluates before and after it.
     """
 
     data: str | None = None

@@ -22,21 +22,54 @@ from agl_bridge.train.step import StepSettings, train_step
 
 
 def load_pairs(data: str | None) -> list[tuple[Any, str]]:
-    """The (prompt, response) pairs of a JSONL file of {"prompt": str or messages, "response": str} records."""
+    """The (prompt, response) pairs of a JSONL file of {"prompt": ..., "response": str} records.
+
+    A prompt is a string (one user message), a list of chat messages, or {"messages": [...], "tools": [...]}
+    (an agent's request with its tool definitions); see `prompt_parts`.
+    """
     if not data:
         return []
     pairs = []
     for index, record in enumerate(load_tasks(data), start=1):
         if not isinstance(record, dict) or "prompt" not in record or "response" not in record:
             raise ConfigError(f'{data}, record {index}: expected {{"prompt": ..., "response": ...}}')
+        try:
+            prompt_parts(record["prompt"])
+        except ValueError as error:
+            raise ConfigError(f"{data}, record {index}: {error}") from None
         pairs.append((record["prompt"], str(record["response"])))
     return pairs
 
 
+def prompt_parts(prompt: Any) -> tuple[list[Any], list[Any] | None]:
+    """(messages, tools) of a pair's prompt: a string is one user message; a list is the messages; a dict is
+    {"messages": [...], "tools": [...]} (tools optional), as an agent's chat request carries them. ValueError
+    for anything else."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}], None
+    if isinstance(prompt, dict):
+        unknown = sorted(set(prompt) - {"messages", "tools"})
+        if unknown or not isinstance(prompt.get("messages"), list):
+            raise ValueError(
+                'a prompt object must be {"messages": [...], "tools": [...]} (tools optional)'
+                + (f"; unknown keys {unknown}" if unknown else "")
+            )
+        tools = prompt.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise ValueError(f'a prompt\'s "tools" must be a list, got {type(tools).__name__}')
+        return list(prompt["messages"]), None if tools is None else list(tools)
+    if isinstance(prompt, (list, tuple)):
+        return list(prompt), None
+    raise ValueError(f"a prompt must be a string, a list of messages or an object, got {type(prompt).__name__}")
+
+
 def sft_datum(codec: ChatCodec, prompt: Any, response: str) -> Datum:
-    """A cross_entropy datum: the chat-templated prompt (mask 0) then the response + end-of-turn (mask 1)."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    prompt_ids = codec.encode_prompt(messages).token_ids
+    """A cross_entropy datum: the chat-templated prompt (mask 0) then the response + end-of-turn (mask 1).
+
+    prompt: see `prompt_parts`; with tools, the template renders them as it does for the agent's requests.
+    """
+    messages, tools = prompt_parts(prompt)
+    prompt_ids = codec.encode_prompt(messages, tools).token_ids
     response_ids = codec.tokenizer(response, add_special_tokens=False)["input_ids"] + [codec.stop_token_ids[0]]
     tokens = prompt_ids + response_ids
     return Datum.from_sequence(tokens, [0] * len(prompt_ids) + [1] * len(response_ids))

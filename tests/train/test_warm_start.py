@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
+
+import pytest
 
 from agl_bridge.train.warm_start import sft_datum
 
@@ -16,3 +20,72 @@ def test_sft_datum_trains_only_the_response(tiny_tokenizer) -> None:
     trained = [t for t, w in zip(datum.loss_fn_inputs["target_tokens"], weights, strict=False) if w]
     assert tiny_tokenizer.decode(trained) == "I'm 7.<|im_end|>"
     assert not math.isnan(sum(weights))
+
+
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "type": "object"},
+    },
+}
+
+
+def _prompt_ids(datum) -> list[int]:
+    """The datum's masked prefix: the prompt ids (the first target is the second token)."""
+    weights = datum.loss_fn_inputs["weights"]
+    first_trained = next(i for i, w in enumerate(weights) if w)
+    return datum.model_input[: first_trained + 1]
+
+
+def test_a_prompt_with_tools_is_rendered_with_them_as_the_agents_request_is(tiny_tokenizer) -> None:
+    from agl_bridge.chat import ChatCodec
+
+    codec = ChatCodec(tiny_tokenizer)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 3?"}]
+    response = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    datum = sft_datum(codec, {"messages": messages, "tools": [ADD_TOOL]}, response)
+    assert _prompt_ids(datum) == codec.encode_prompt(messages, [ADD_TOOL]).token_ids
+    assert "<tools>" in tiny_tokenizer.decode(_prompt_ids(datum))
+    weights = datum.loss_fn_inputs["weights"]
+    trained = [t for t, w in zip(datum.loss_fn_inputs["target_tokens"], weights, strict=True) if w]
+    assert tiny_tokenizer.decode(trained) == response + "<|im_end|>"
+    # Without tools (the key left out, or a plain list of messages), the same messages render without them.
+    for prompt in ({"messages": messages}, messages, tuple(messages)):
+        assert _prompt_ids(sft_datum(codec, prompt, "5")) == codec.encode_prompt(messages).token_ids
+
+
+def test_prompt_parts_reads_every_prompt_form_and_refuses_others() -> None:
+    from agl_bridge.train.warm_start import prompt_parts
+
+    user = [{"role": "user", "content": "hi"}]
+    assert prompt_parts("hi") == (user, None)
+    assert prompt_parts(user) == (user, None)
+    assert prompt_parts({"messages": user, "tools": [ADD_TOOL]}) == (user, [ADD_TOOL])
+    for bad, says in (
+        ({"messages": user, "tool": []}, "unknown keys ['tool']"),
+        ({"tools": []}, '{"messages": [...]'),
+        ({"messages": user, "tools": {"add": ADD_TOOL}}, '"tools" must be a list'),
+        (7, "got int"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            prompt_parts(bad)
+
+
+def test_load_pairs_takes_prompts_with_tools_and_names_a_bad_record(tmp_path) -> None:
+    from agl_bridge.errors import ConfigError
+    from agl_bridge.train.warm_start import load_pairs
+
+    user = [{"role": "user", "content": "What is 2 + 3?"}]
+    good = tmp_path / "sft.jsonl"
+    records = [
+        {"prompt": "Say you are 7.", "response": "I'm 7."},
+        {"prompt": {"messages": user, "tools": [ADD_TOOL]}, "response": "5"},
+    ]
+    good.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert load_pairs(str(good)) == [("Say you are 7.", "I'm 7."), ({"messages": user, "tools": [ADD_TOOL]}, "5")]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(records[0]) + "\n" + json.dumps({"prompt": {"message": user}, "response": "5"}) + "\n")
+    with pytest.raises(ConfigError, match=r"bad\.jsonl, record 2: .*unknown keys \['message'\]"):
+        load_pairs(str(bad))

@@ -1,0 +1,47 @@
+"""The agent's tools: `lookup_price(item)` in the episode's price table, and `multiply(a, b)`.
+
+They are plain typed Python functions: LangChain's `create_agent` turns them into tools, their names,
+argument types and docstrings into the JSON schemas the model is shown. `tool_signatures` reads those
+schemas back (LangChain's own conversion), so the well-formed rule checks a call against exactly what the
+model was told.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def shop_tools(prices: Mapping[str, int]) -> list[Callable[..., int]]:
+    """The two tools of an episode whose price table is `prices`."""
+
+    def lookup_price(item: str) -> int:
+        """The price of one unit of an item."""
+        if item not in prices:
+            raise ValueError(f"no item {item!r} in the shop")
+        return prices[item]
+
+    def multiply(a: int, b: int) -> int:
+        """a times b."""
+        return a * b
+
+    return [lookup_price, multiply]
+
+
+def tool_schemas() -> list[dict[str, Any]]:
+    """The tools as the OpenAI `tools` entries the agent sends (LangChain's conversion, as `bind_tools` does)."""
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    return [convert_to_openai_tool(tool) for tool in shop_tools({})]
+
+
+@functools.cache
+def tool_signatures() -> dict[str, dict[str, str]]:
+    """{tool name: {argument: JSON-schema type}}, every argument required, read off `tool_schemas`."""
+    signatures = {}
+    for schema in tool_schemas():
+        function = schema["function"]
+        properties = function["parameters"]["properties"]
+        signatures[function["name"]] = {name: spec["type"] for name, spec in properties.items()}
+    return signatures
