@@ -34,7 +34,7 @@ def build_config(args: argparse.Namespace):
     return GRPOConfig(
         model=args.model,
         run_dir=args.run_dir,
-        steps=args.steps or (2 if quick else 40),
+        steps=args.steps or (2 if quick else 30),
         batch_size=2 if quick else args.batch_size,
         group_size=2 if quick else args.group_size,
         learning_rate=args.learning_rate,
@@ -97,14 +97,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="tiny (built offline) or a local model directory")
     parser.add_argument("--run-dir", default="runs/twenty_questions_learn")
-    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 40, 2 with --quick)")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 30, 2 with --quick)")
     parser.add_argument("--batch-size", type=int, default=8, help="secrets per RL step")
     parser.add_argument("--group-size", type=int, default=8, help="games per secret: one GRPO group")
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--warm-start-steps", type=int, default=150)
     parser.add_argument("--warm-start-learning-rate", type=float, default=2e-3)
     parser.add_argument(
-        "--question-rate", type=float, default=0.5, help="how often the scripted player asks a question"
+        "--question-rate", type=float, default=0.25, help="how often the scripted player asks a question"
     )
     parser.add_argument(
         "--full-weights", action=argparse.BooleanOptionalAction, default=True, help="train every weight, not a LoRA"
@@ -115,7 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=False,
         help="the scripted player rules names out by its questions' answers (--no-...: it guesses in list order)",
     )
-    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--torch-threads", type=int, default=1, help="CPU threads for torch (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
