@@ -14,7 +14,7 @@ from shop.agent import MAX_TURNS, SYSTEM_PROMPT
 from shop.outcome import REASONS, stated_total, well_formed
 from shop.tasks import ITEMS, PRICES, QUANTITIES, held_out_tasks, pair_split, phase_tasks, total, user_message
 from shop.teacher import CarelessTeacher, play_with, reply_text, teacher_episode, warm_start_episodes
-from shop.tools import tool_schemas, tool_signatures
+from shop.tools import shop_tools, tool_schemas, tool_signatures
 
 from agl_bridge.chat import ChatCodec
 from agl_bridge.chat.tool_calls import parse_tool_calls
@@ -51,13 +51,43 @@ def test_every_task_has_its_own_price_table_and_asks_for_its_total() -> None:
         assert task["item"] in ITEMS and set(task["prices"]) == set(ITEMS)
         assert all(price in PRICES for price in task["prices"].values())
         assert total(task) == task["quantity"] * task["prices"][task["item"]]
-        assert f"How much do {task['quantity']} units of {task['item']} cost?" in user_message(task)
+        ticket = f'{{"item": "{task["item"]}", "quantity": {task["quantity"]}}}'
+        assert user_message(task) == f"Order: {ticket}. What does it cost?"
     assert len({tuple(sorted(t["prices"].items())) for t in tasks}) > 150, "prices cannot be memorised"
 
 
 def test_the_tools_are_described_to_the_model_by_langchain() -> None:
-    assert tool_signatures() == {"lookup_price": {"item": "string"}, "multiply": {"a": "integer", "b": "integer"}}
+    assert tool_signatures() == {
+        "lookup_price": {"item": "string"},
+        "multiply": {"quantity": "integer", "price": "integer"},
+    }
     assert [s["function"]["name"] for s in tool_schemas()] == ["lookup_price", "multiply"]
+    lookup_price, multiply = shop_tools({"pear": 7})
+    assert lookup_price("pear") == '{"price": 7}' and multiply(4, 7) == "The total is 28."
+
+
+def test_every_value_the_agent_writes_is_copied_from_its_context_after_the_same_tokens(tiny_tokenizer) -> None:
+    # What makes the task learnable by a small transformer: each value is an induction copy, the tokens before
+    # it in the reply occur earlier in the prompt, always followed by that value.
+    codec = ChatCodec(tiny_tokenizer)
+    for task in phase_tasks("warm_start", 20):
+        pairs, _ = teacher_episode(task, random.Random(0), 0.0, codec)
+        turns = [[task["item"]], [task["quantity"], task["prices"][task["item"]]], [total(task)]]
+        for (prompt, response), values in zip(pairs, turns, strict=True):
+            prompt_ids = codec.encode_prompt(prompt["messages"], prompt["tools"]).token_ids
+            reply_ids = tiny_tokenizer(response, add_special_tokens=False)["input_ids"]
+            after = 4
+            for value in values:
+                value_ids = tiny_tokenizer(str(value), add_special_tokens=False)["input_ids"]
+                at = next(i for i in range(after, len(reply_ids)) if reply_ids[i : i + len(value_ids)] == value_ids)
+                after = at + len(value_ids)
+                key = reply_ids[at - 4 : at]
+                followers = [
+                    prompt_ids[i + 4 : i + 4 + len(value_ids)]
+                    for i in range(len(prompt_ids) - 4)
+                    if prompt_ids[i : i + 4] == key
+                ]
+                assert followers and all(f == value_ids for f in followers), (task["id"], value, followers)
 
 
 def test_a_careful_teacher_looks_up_multiplies_and_answers_as_the_template_writes_it(tiny_tokenizer) -> None:
@@ -67,8 +97,8 @@ def test_a_careful_teacher_looks_up_multiplies_and_answers_as_the_template_write
     assert outcome.reward == 1.0 and outcome.reason == "correct"
     assert [response for _, response in pairs] == [
         f'<tool_call>\n{{"name": "lookup_price", "arguments": {{"item": "{task["item"]}"}}}}\n</tool_call>',
-        f'<tool_call>\n{{"name": "multiply", "arguments": {{"a": {quantity}, "b": {price}}}}}\n</tool_call>',
-        str(quantity * price),
+        f'<tool_call>\n{{"name": "multiply", "arguments": {{"quantity": {quantity}, "price": {price}}}}}\n</tool_call>',
+        f"The total is {quantity * price}.",
     ]
     prompts = [prompt for prompt, _ in pairs]
     assert prompts[0]["messages"] == [
@@ -79,8 +109,8 @@ def test_a_careful_teacher_looks_up_multiplies_and_answers_as_the_template_write
     for earlier, later in zip(prompts, prompts[1:], strict=False):
         assert later["messages"][: len(earlier["messages"])] == earlier["messages"]
         assert [m["role"] for m in later["messages"][len(earlier["messages"]) :]] == ["assistant", "tool"]
-    assert prompts[1]["messages"][-1]["content"] == str(price)
-    assert prompts[2]["messages"][-1]["content"] == str(quantity * price)
+    assert prompts[1]["messages"][-1]["content"] == f'{{"price": {price}}}'
+    assert prompts[2]["messages"][-1]["content"] == f"The total is {quantity * price}."
 
 
 def test_the_proxy_reads_a_teachers_reply_back_as_the_call_the_agent_sent(tiny_tokenizer) -> None:
@@ -119,20 +149,24 @@ def test_a_careless_teacher_cuts_corners_and_every_turn_is_kept(tiny_tokenizer) 
         ("The total is 28.", True),
         ("", True),
         ('<tool_call>\n{"name": "lookup_price", "arguments": {"item": "pear"}}\n</tool_call>', True),
-        ('<tool_call>\n{"name": "multiply", "arguments": {"a": 4, "b": 7}}\n</tool_call>', True),
-        ('Sure.\n<tool_call>\n{"name": "multiply", "arguments": {"a": 4, "b": 7}}\n</tool_call>', True),
+        ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4, "price": 7}}\n</tool_call>', True),
+        ('Sure.\n<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4, "price": 7}}\n</tool_call>', True),
         (
             '<tool_call>\n{"name": "lookup_price", "arguments": {"item": "pear"}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "multiply", "arguments": {"a": 4, "b": 7}}\n</tool_call>',
+            '<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4, "price": 7}}\n</tool_call>',
             True,
         ),
-        ('<tool_call>\n{"name": "multiply", "arguments": {"a": 4, "b": 7}\n</tool_call>', False),  # bad JSON
-        ('<tool_call>\n{"name": "multiply", "arguments": {"a": 4, "b": 7}}', False),  # unterminated
-        ('<tool_call>\n{"name": "divide", "arguments": {"a": 4, "b": 7}}\n</tool_call>', False),  # unknown tool
-        ('<tool_call>\n{"name": "multiply", "arguments": {"a": 4}}\n</tool_call>', False),  # missing argument
-        ('<tool_call>\n{"name": "multiply", "arguments": {"a": 4, "b": 7, "c": 1}}\n</tool_call>', False),
-        ('<tool_call>\n{"name": "multiply", "arguments": {"a": "4", "b": 7}}\n</tool_call>', False),  # a string
-        ('<tool_call>\n{"name": "multiply", "arguments": {"a": true, "b": 7}}\n</tool_call>', False),  # a bool
+        # bad JSON
+        ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4, "price": 7}\n</tool_call>', False),
+        ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4, "price": 7}}', False),  # unterminated
+        # an unknown tool
+        ('<tool_call>\n{"name": "divide", "arguments": {"quantity": 4, "price": 7}}\n</tool_call>', False),
+        ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4}}\n</tool_call>', False),  # missing argument
+        ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4, "price": 7, "c": 1}}\n</tool_call>', False),
+        # a string
+        ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": "4", "price": 7}}\n</tool_call>', False),
+        # a bool
+        ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": true, "price": 7}}\n</tool_call>', False),
         ('<tool_call>\n{"name": "lookup_price", "arguments": {"item": 3}}\n</tool_call>', False),
         ('<tool_call>\n{"name": "lookup_price", "arguments": "pear"}\n</tool_call>', False),
         ("</tool_call> 28", False),
@@ -156,7 +190,11 @@ def test_the_answer_states_its_last_number() -> None:
 def full_episode(task: dict, final: str) -> Script:
     price = task["prices"][task["item"]]
     return Script(
-        [call("lookup_price", item=task["item"]), call("multiply", a=task["quantity"], b=price), answer(final)]
+        [
+            call("lookup_price", item=task["item"]),
+            call("multiply", quantity=task["quantity"], price=price),
+            answer(final),
+        ]
     )
 
 
@@ -198,7 +236,7 @@ def test_a_tool_call_that_does_not_parse_ends_the_episode_with_its_reason() -> N
     [
         (call("lookup_price", item="kiwi"), "Error: no item 'kiwi' in the shop"),
         (call("divide", a=1, b=2), "Error: divide is not a valid tool"),
-        (call("multiply", a="four", b=7), "Error invoking tool 'multiply'"),
+        (call("multiply", quantity="four", price=7), "Error invoking tool 'multiply'"),
     ],
 )
 def test_a_failing_tool_call_is_told_to_the_model_and_the_episode_goes_on(bad_call: dict, told: str) -> None:

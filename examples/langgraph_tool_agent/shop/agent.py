@@ -1,9 +1,10 @@
 """The shop agent: LangChain's `create_agent` (a LangGraph ReAct loop) with two tools, written the ordinary way.
 
-An episode: the user asks what some units of an item cost; the model looks the price up, multiplies, and
-answers with the total. The only agl_bridge-specific lines are where the model is (`endpoint.base_url` and
-the rollout's key) and the reward at the end (`emit_reward`); the outcome's reason goes into the rollout as
-a span (`telemetry.py`). `play` is the episode without either, for any OpenAI-compatible model.
+An episode: the user sends an order ticket (an item and a quantity) and asks what it costs; the model looks
+the price up, multiplies, and answers with the calculator's sentence ("The total is 28."). The only
+agl_bridge-specific lines are where the model is (`endpoint.base_url` and the rollout's key) and the reward
+at the end (`emit_reward`); the outcome's reason goes into the rollout as a span (`telemetry.py`). `play` is
+the episode without either, for any OpenAI-compatible model.
 
 Bad input never crashes an episode; it ends it with a reason (`outcome.py`):
   - a tool call that does not parse stays in the reply's text (the proxy's parser), so LangGraph sees a plain
@@ -28,7 +29,7 @@ from shop.outcome import Outcome, outcome_of
 from shop.tasks import user_message
 from shop.tools import shop_tools
 
-SYSTEM_PROMPT = "You work at a shop's till. Use the tools, then answer with the total only."
+SYSTEM_PROMPT = "You work at a shop's till. Look up the price, use the calculator, then tell the customer the total."
 
 MAX_TURNS = 5
 """Model calls an episode may make; a full episode makes 3 (look up, multiply, answer)."""
@@ -38,10 +39,11 @@ MAX_TURNS = 5
 # (step 2 * MAX_TURNS) and the graph raises GraphRecursionError before another model call (measured).
 RECURSION_LIMIT = 2 * MAX_TURNS
 
-# The longest reply the task needs is a multiply call: 27 tokens of the tiny model's tokenizer
-# ('<tool_call>\n{"name": "multiply", "arguments": {"a": 4, "b": 7}}\n</tool_call>') and the end of the turn;
-# a lookup is 24 + 1, an answer 2-3. 32 leaves a little room and cuts the random model's rambling short.
-REPLY_MAX_TOKENS = 32
+# The longest reply the task needs is a multiply call: 31 tokens of the tiny model's tokenizer
+# ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4, "price": 7}}\n</tool_call>') and the end of
+# the turn; a lookup is 24 + 1, an answer ("The total is 28.") 8-9. 36 leaves a little room and cuts the random
+# model's rambling short.
+REPLY_MAX_TOKENS = 36
 
 # One HTTP connection pool for every episode of the process: a ChatOpenAI without one builds its own client,
 # whose TLS context costs ~75 ms of CPU (measured on 2 cores), more than an episode's HTTP.

@@ -1,7 +1,8 @@
 """The shop tasks: an item, a quantity and a price table of the episode's own; and which tasks each phase uses.
 
-A task asks for the cost of `quantity` units of `item`; every item's price (1-9) is drawn from the task's
-seed, so no price can be memorised: the agent has to look it up and multiply. The 72 (quantity, price)
+A task asks for the cost of an order, `quantity` units of `item`, written as a ticket whose field names are
+the tools' argument names (`user_message`); every item's price (1-9) is drawn from the task's seed, so no
+price can be memorised: the agent has to look it up and multiply. The 72 (quantity, price)
 pairs (quantity 2-9, price 1-9) are split once, whatever the run's seed:
   - held-out: `HELD_OUT_PAIRS` pairs, the only pairs of the held-out tasks, never in the warm start or RL,
     so a held-out total can only be right if it was read off the tools' outputs;
@@ -10,12 +11,13 @@ pairs (quantity 2-9, price 1-9) are split once, whatever the run's seed:
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from typing import Any
 
-# Common words the tiny model's tokenizer writes in two tokens inside a tool call's JSON ("pe" "ar"): the
-# agent copies the item into `lookup_price`, and the tiny model can learn that only for words it has seen.
+# Common words the tiny model's tokenizer writes in two tokens inside JSON ("pe" "ar"): the agent copies the
+# item from the ticket into `lookup_price`, and the tiny model can learn that only for words it has seen.
 ITEMS = ("apple", "pear", "tea", "rice", "egg", "bean", "fig", "nut")
 QUANTITIES = tuple(range(2, 10))
 PRICES = tuple(range(1, 10))
@@ -75,6 +77,17 @@ def total(task: dict[str, Any]) -> int:
     return int(task["quantity"]) * int(task["prices"][task["item"]])
 
 
+def order_ticket(task: dict[str, Any]) -> str:
+    """The order as a ticket: JSON whose fields are the tools' arguments, written as a tool call's arguments are
+    (json.dumps' separators), e.g. '{"item": "pear", "quantity": 4}'."""
+    return json.dumps({"item": task["item"], "quantity": task["quantity"]})
+
+
 def user_message(task: dict[str, Any]) -> str:
-    """The question the agent is asked."""
-    return f"How much do {task['quantity']} units of {task['item']} cost? Look up the price, then use the calculator."
+    """The question the agent is asked: the order's ticket, and what it costs.
+
+    Every value the agent writes is then found earlier in its context after the same tokens: `"item": "pear"`
+    and `"quantity": 4` in the ticket, `"price": 7` in `lookup_price`'s result, "The total is 28." in
+    `multiply`'s; a small transformer copies such a value by induction (the tokens before it seen before,
+    followed by it)."""
+    return f"Order: {order_ticket(task)}. What does it cost?"

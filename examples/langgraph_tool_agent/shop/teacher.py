@@ -3,7 +3,8 @@
 `CarelessTeacher` knows the task. At each decision it takes the careful step (look the price up; multiply by
 the price it read) unless, with probability `shortcut_rate`, it cuts a corner: it guesses a price and
 answers a total at once, calls `multiply` with the guessed price, or skips the multiplication and answers
-a guessed total. After `multiply` it answers the product it was given. Its episodes are right when it was
+a guessed total. After `multiply` it answers with the calculator's sentence ("The total is 28."); a guessed
+total is said the same way. Its episodes are right when it was
 careful, and now and then by luck: the logs of a careless agent.
 
 Its episodes are played by the unchanged agent (`shop.agent.play`): its `ChatOpenAI` talks to the teacher
@@ -26,6 +27,7 @@ import httpx
 
 from shop.outcome import Outcome
 from shop.tasks import PRICES
+from shop.tools import total_sentence
 
 WarmStartPair = tuple[dict[str, Any], str]
 """({"messages": [...], "tools": [...]} as the agent sent them, the reply's text as the chat template writes it)."""
@@ -53,13 +55,13 @@ class CarelessTeacher:
             return self._answer(str(last["content"]))
         if last["role"] == "tool" and called and called[-1] == "lookup_price":
             if self._careful():
-                return self._call("multiply", a=quantity, b=int(last["content"]))
-            return self._answer(str(quantity * self._guess()))
+                return self._call("multiply", quantity=quantity, price=json.loads(last["content"])["price"])
+            return self._answer(total_sentence(quantity * self._guess()))
         if self._careful():
             return self._call("lookup_price", item=self.task["item"])
         if self.rng.random() < 0.5:
-            return self._answer(str(quantity * self._guess()))
-        return self._call("multiply", a=quantity, b=self._guess())
+            return self._answer(total_sentence(quantity * self._guess()))
+        return self._call("multiply", quantity=quantity, price=self._guess())
 
     def _careful(self) -> bool:
         return self.rng.random() >= self.shortcut_rate

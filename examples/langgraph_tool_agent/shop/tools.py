@@ -1,32 +1,42 @@
-"""The agent's tools: `lookup_price(item)` in the episode's price table, and `multiply(a, b)`.
+"""The agent's tools: `lookup_price(item)` in the episode's price table, and `multiply(quantity, price)`.
 
 They are plain typed Python functions: LangChain's `create_agent` turns them into tools, their names,
 argument types and docstrings into the JSON schemas the model is shown. `tool_signatures` reads those
 schemas back (LangChain's own conversion), so the well-formed rule checks a call against exactly what the
 model was told.
+
+Their results are written so that the agent's next value is a copy of them: `lookup_price` answers
+'{"price": 7}' (JSON, as the `price` argument of the multiply call is written), `multiply` answers
+"The total is 28.", the sentence the agent answers the customer with.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def shop_tools(prices: Mapping[str, int]) -> list[Callable[..., int]]:
+def shop_tools(prices: Mapping[str, int]) -> list[Callable[..., str]]:
     """The two tools of an episode whose price table is `prices`."""
 
-    def lookup_price(item: str) -> int:
-        """The price of one unit of an item."""
+    def lookup_price(item: str) -> str:
+        """The price of one unit of an item, as JSON."""
         if item not in prices:
             raise ValueError(f"no item {item!r} in the shop")
-        return prices[item]
+        return json.dumps({"price": prices[item]})
 
-    def multiply(a: int, b: int) -> int:
-        """a times b."""
-        return a * b
+    def multiply(quantity: int, price: int) -> str:
+        """What `quantity` units at `price` each cost, as a sentence for the customer."""
+        return total_sentence(quantity * price)
 
     return [lookup_price, multiply]
+
+
+def total_sentence(total: int) -> str:
+    """`multiply`'s result, and the answer the customer is given: "The total is 28." """
+    return f"The total is {total}."
 
 
 def tool_schemas() -> list[dict[str, Any]]:
