@@ -9,6 +9,7 @@ and on how many seeds RL ended above the warm start.
 
     .venv/bin/python bench/agent_learning_seeds.py twenty-questions [--seeds 0-4] [--runs runs/learn_seeds]
     .venv/bin/python bench/agent_learning_seeds.py tool-agent --seeds 0-4
+    .venv/bin/python bench/agent_learning_seeds.py twenty-questions --seeds 1 --warm-start-steps 80  # learn.py's flags
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ def parse_seeds(text: str) -> list[int]:
     return [int(s) for s in text.split(",")]
 
 
-def run_seed(example: str, seed: int, run_dir: Path, extra: list[str]) -> dict[str, object]:
+def run_seed(example: str, seed: int, run_dir: Path, learn_args: list[str]) -> dict[str, object]:
     """One learn.py run through scripts/learn.sh; what its held_out.json says."""
     started = time.monotonic()
     result = subprocess.run(
-        ["bash", "scripts/learn.sh", example, "--seed", str(seed), "--run-dir", str(run_dir), *extra],
+        ["bash", "scripts/learn.sh", example, "--seed", str(seed), "--run-dir", str(run_dir), *learn_args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -70,11 +71,10 @@ def main() -> None:
     parser.add_argument("example", choices=["twenty-questions", "tool-agent"])
     parser.add_argument("--seeds", default="0-4")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "learn_seeds")
-    parser.add_argument("extra", nargs="*", help="arguments for learn.py (after --)")
-    args = parser.parse_args()
+    args, learn_args = parser.parse_known_args()  # the rest goes to learn.py
     lines = []
     for seed in parse_seeds(args.seeds):
-        line = run_seed(args.example, seed, args.runs / args.example / f"seed_{seed}", args.extra)
+        line = run_seed(args.example, seed, args.runs / args.example / f"seed_{seed}", learn_args)
         print(json.dumps(line), flush=True)
         lines.append(line)
     lifts = [float(line["lift"]) for line in lines if "lift" in line]  # type: ignore[arg-type]
