@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 _TRAIN_GROUP = re.compile(r"^s(\d+)-(\d+)$")
-_EVAL_GROUP = re.compile(r"^eval(\d+)-\d+-(\d+)$")
+_EVAL_GROUP = re.compile(r"^(eval(\d+)-\d+)-(\d+)$")
 
 TRAIN = "train"
 EVAL = "eval"
@@ -36,8 +36,15 @@ def step_of(group_id: str | None) -> StepRef | None:
         return StepRef(TRAIN, int(match[1]) + 1, int(match[2]))
     match = _EVAL_GROUP.match(group_id)
     if match:
-        return StepRef(EVAL, int(match[1]), int(match[2]))
+        return StepRef(EVAL, int(match[2]), int(match[3]))
     return None
+
+
+def evaluation_of(group_id: str | None) -> str | None:
+    """The evaluation a group belongs to, `eval{step}-{stamp}` (two evaluations of one step, such as those
+    before and after a warm start, differ by their stamp), or None for a group that is not an evaluation's."""
+    match = _EVAL_GROUP.match(group_id or "")
+    return match[1] if match else None
 
 
 def train_group_range(step: int) -> tuple[str, str]:

@@ -77,15 +77,17 @@ async def held_out_evaluations(store_path: Path) -> list[HeldOutGames]:
     """Every held-out evaluation of the run, in order: the evaluation rollouts grouped by their run of the
     evaluation ("eval<step>-<nonce>-<task>"); a game's turns are its player calls, its success its reward."""
     from agl_bridge.store.sqlite import SQLiteStore
+    from agl_bridge.viewer.steps import evaluation_of
 
     runs: dict[str, list[tuple[bool, int]]] = {}
     async with SQLiteStore(store_path) as store:
         for rollout in await store.list_rollouts():
-            if not (rollout.group_id or "").startswith("eval"):
+            evaluation = evaluation_of(rollout.group_id)
+            if evaluation is None:
                 continue
             rewards = [r.value async for r in store.iter_rewards(rollout.rollout_id)]
             turns = sum([1 async for c in store.iter_llm_calls(rollout.rollout_id) if c.kind == "token"])
-            runs.setdefault(rollout.group_id.rsplit("-", 1)[0], []).append((sum(rewards) > 0, turns))
+            runs.setdefault(evaluation, []).append((sum(rewards) > 0, turns))
     return [
         HeldOutGames(len(games), sum(won for won, _ in games) / len(games), sum(t for _, t in games) / len(games))
         for games in runs.values()

@@ -57,18 +57,19 @@ def summarise(episodes: list[_Episode]) -> HeldOutRun:
 async def held_out_evaluations(store_path: Path) -> list[HeldOutRun]:
     """Every held-out evaluation of the run whose store is at `store_path`, in the order they ran."""
     from agl_bridge.store.sqlite import SQLiteStore
+    from agl_bridge.viewer.steps import evaluation_of
 
     runs: dict[str, list[_Episode]] = {}
     async with SQLiteStore(store_path) as store:
         for rollout in await store.list_rollouts():
-            group = rollout.group_id or ""
-            if not group.startswith("eval"):
+            evaluation = evaluation_of(rollout.group_id)
+            if evaluation is None:
                 continue
             rewards = [r.value async for r in store.iter_rewards(rollout.rollout_id)]
             texts = [c.response_text or "" async for c in store.iter_llm_calls(rollout.rollout_id) if c.kind == "token"]
             spans = [s async for s in store.iter_spans(rollout.rollout_id) if s.name == EPISODE_SPAN]
             attributes = spans[-1].attributes if spans else {}
-            runs.setdefault(group.rsplit("-", 1)[0], []).append(
+            runs.setdefault(evaluation, []).append(
                 _Episode(
                     won=sum(rewards) > 0,
                     turns=len(texts),
