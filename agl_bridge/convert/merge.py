@@ -54,10 +54,7 @@ class _Open:
 
     def extends(self, prompt: array[int]) -> bool:
         """Whether `prompt` is this segment's tokens followed by zero or more tokens."""
-        ids = self.input_ids
-        n = len(ids)
-        # The length and last-token checks reject most non-matches without copying a slice.
-        return len(prompt) >= n and prompt[n - 1] == ids[-1] and prompt[:n] == ids
+        return prompt_extends(prompt, self.input_ids)
 
     def append(self, call: LLMCall, prompt: array[int], rewards: dict[str, float], graph: RolloutGraph | None) -> None:
         """Add `call`'s observation tokens (its prompt beyond the segment) and its sampled tokens."""
@@ -108,6 +105,14 @@ class _Open:
             split_kind=self.split,
             split_reason=self.reason,
         )
+
+
+def prompt_extends(prompt: array[int], tokens: array[int]) -> bool:
+    """The merge rule: whether `prompt` is `tokens` (a conversation's tokens so far) followed by zero or more
+    tokens, so that a call with this prompt continues that conversation."""
+    n = len(tokens)
+    # The length and last-token checks reject most non-matches without copying a slice.
+    return n == 0 or (len(prompt) >= n and prompt[n - 1] == tokens[-1] and prompt[:n] == tokens)
 
 
 def merge_calls(

@@ -71,12 +71,17 @@ class WarmStartConfig:
     `data`: JSONL with {"prompt": str or messages, "response": str} per line, the prompt also
     {"messages": [...], "tools": [...]} for an agent that sends tools (or use the Python API and pass
     pairs directly). The run evaluates before and after it.
+
+    `merge_turns`: consecutive pairs of one conversation (each prompt starting with the previous pair's
+    prompt and response, the multi-turn merge rule RL trajectories follow) are trained as one example, every
+    response in it trained: a batch then carries whole episodes instead of single turns.
     """
 
     data: str | None = None
     steps: int = 0
     batch_size: int = 16
     learning_rate: float = 2e-3
+    merge_turns: bool = False
 
 
 @dataclass

@@ -1,17 +1,20 @@
 """The supervised warm start (cold-start SFT) before RL: `cross_entropy` on (prompt, response) pairs.
 
-Each of `warm_start.steps` steps trains on `warm_start.batch_size` pairs drawn with the run's seed,
-the loss averaged over the batch's trained tokens; then the new weights go to the sampler, so the
-RL that follows starts from them.
+Each of `warm_start.steps` steps trains on `warm_start.batch_size` examples drawn with the run's seed (a
+pair each, or with `warm_start.merge_turns` a whole conversation of consecutive pairs), the loss averaged
+over the batch's trained tokens; then the new weights go to the sampler, so the RL that follows starts
+from them.
 """
 
 from __future__ import annotations
 
 import random
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
 from agl_bridge.chat import ChatCodec
+from agl_bridge.convert.merge import prompt_extends
 from agl_bridge.errors import ConfigError
 from agl_bridge.primitives.client import AdamParams, TrainingClient
 from agl_bridge.primitives.datum import Datum
@@ -63,16 +66,39 @@ def prompt_parts(prompt: Any) -> tuple[list[Any], list[Any] | None]:
     raise ValueError(f"a prompt must be a string, a list of messages or an object, got {type(prompt).__name__}")
 
 
-def sft_datum(codec: ChatCodec, prompt: Any, response: str) -> Datum:
-    """A cross_entropy datum: the chat-templated prompt (mask 0) then the response + end-of-turn (mask 1).
+def sft_tokens(codec: ChatCodec, prompt: Any, response: str) -> tuple[list[int], list[int]]:
+    """(tokens, weights) of one pair: the chat-templated prompt (weight 0), then the response and the end-of-turn
+    token (weight 1).
 
     prompt: see `prompt_parts`; with tools, the template renders them as it does for the agent's requests.
     """
     messages, tools = prompt_parts(prompt)
     prompt_ids = codec.encode_prompt(messages, tools).token_ids
     response_ids = codec.tokenizer(response, add_special_tokens=False)["input_ids"] + [codec.stop_token_ids[0]]
-    tokens = prompt_ids + response_ids
-    return Datum.from_sequence(tokens, [0] * len(prompt_ids) + [1] * len(response_ids))
+    return prompt_ids + response_ids, [0] * len(prompt_ids) + [1] * len(response_ids)
+
+
+def sft_datum(codec: ChatCodec, prompt: Any, response: str) -> Datum:
+    """A cross_entropy datum of one pair (`sft_tokens`)."""
+    return Datum.from_sequence(*sft_tokens(codec, prompt, response))
+
+
+def merged_conversations(codec: ChatCodec, pairs: Sequence[tuple[Any, str]]) -> list[tuple[list[int], list[int]]]:
+    """`warm_start.merge_turns`' examples, (tokens, weights) each: one per run of consecutive pairs whose every
+    prompt continues the tokens before it (`convert.merge.prompt_extends`), the prompts' new tokens at weight
+    0 and every response at weight 1."""
+    examples: list[tuple[list[int], list[int]]] = []
+    conversation = array("i")
+    for prompt, response in pairs:
+        tokens, weights = sft_tokens(codec, prompt, response)
+        prompt_ids = array("i", tokens[: weights.index(1)])
+        if examples and prompt_extends(prompt_ids, conversation):
+            examples[-1][1].extend(weights[len(conversation) :])
+            examples[-1][0][:] = tokens
+        else:
+            examples.append((tokens, weights))
+        conversation = array("i", tokens)
+    return examples
 
 
 async def warm_start(
@@ -85,10 +111,16 @@ async def warm_start(
     settings = StepSettings(
         "cross_entropy", None, AdamParams(learning_rate=warm.learning_rate, grad_clip_norm=config.grad_clip_norm)
     )
-    log.say(f"supervised warm start: {warm.steps} steps × {warm.batch_size} examples (cross_entropy), then RL")
+    # Pairs are encoded as they are drawn (a large file costs nothing up front); merging needs them all first.
+    conversations = merged_conversations(codec, pairs) if warm.merge_turns else None
+    merged = f" ({len(pairs)} turns merged into {len(conversations)} conversations)" if conversations else ""
+    log.say(f"supervised warm start: {warm.steps} steps × {warm.batch_size} examples (cross_entropy){merged}, then RL")
     for index in range(warm.steps):
-        drawn = [rng.choice(pairs) for _ in range(warm.batch_size)]
-        datums = [sft_datum(codec, prompt, response) for prompt, response in drawn]
+        if conversations is None:
+            drawn = [sft_tokens(codec, *rng.choice(pairs)) for _ in range(warm.batch_size)]
+        else:
+            drawn = [rng.choice(conversations) for _ in range(warm.batch_size)]
+        datums = [Datum.from_sequence(tokens, weights) for tokens, weights in drawn]
         tokens = sum(sum(d.loss_fn_inputs["weights"]) for d in datums)
         for datum in datums:
             datum.loss_fn_inputs["weights"] = [w / tokens for w in datum.loss_fn_inputs["weights"]]

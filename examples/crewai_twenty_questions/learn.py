@@ -34,7 +34,7 @@ def build_config(args: argparse.Namespace):
     return GRPOConfig(
         model=args.model,
         run_dir=args.run_dir,
-        steps=args.steps or (2 if quick else 30),
+        steps=args.steps or (2 if quick else 40),
         batch_size=2 if quick else args.batch_size,
         group_size=2 if quick else args.group_size,
         learning_rate=args.learning_rate,
@@ -99,14 +99,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="tiny (built offline) or a local model directory")
     parser.add_argument("--run-dir", default="runs/twenty_questions_learn")
-    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 30, 2 with --quick)")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default 40, 2 with --quick)")
     parser.add_argument("--batch-size", type=int, default=8, help="secrets per RL step")
     parser.add_argument("--group-size", type=int, default=8, help="games per secret: one GRPO group")
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--warm-start-steps", type=int, default=150)
     parser.add_argument("--warm-start-learning-rate", type=float, default=2e-3)
     parser.add_argument(
-        "--question-rate", type=float, default=0.25, help="how often the scripted player asks a question"
+        "--question-rate", type=float, default=0.5, help="how often the scripted player asks a question"
     )
     parser.add_argument(
         "--full-weights", action=argparse.BooleanOptionalAction, default=True, help="train every weight, not a LoRA"

@@ -56,8 +56,9 @@ def build_config(args: argparse.Namespace) -> Any:
         default_max_tokens=REPLY_MAX_TOKENS,
         concurrency=args.concurrency,
         eval_every=1 if quick else args.eval_every,
-        eval_group_size=1,
-        final_eval_group_size=1 if quick else 2,
+        # 160 episodes: a success rate to about ±0.04 (one standard error), fine enough for a 20-point lift
+        eval_group_size=1 if quick else 4,
+        final_eval_group_size=1 if quick else 4,
         checkpoint_every=1 if quick else 10,
         missing_reward="drop",
         seed=args.seed,
@@ -67,6 +68,8 @@ def build_config(args: argparse.Namespace) -> Any:
             steps=30 if quick else args.warm_start_steps,
             batch_size=16,
             learning_rate=args.warm_start_learning_rate,
+            # An episode's three calls as one example: each step then has every copied value of 16 episodes.
+            merge_turns=True,
         ),
     )
 
@@ -80,10 +83,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=8, help="tasks per RL step")
     parser.add_argument("--group-size", type=int, default=8, help="episodes per task: one GRPO group")
     parser.add_argument("--learning-rate", type=float, default=5e-4)
-    parser.add_argument("--warm-start-steps", type=int, default=150)
-    parser.add_argument("--warm-start-learning-rate", type=float, default=2e-3)
+    parser.add_argument("--warm-start-steps", type=int, default=600)
+    parser.add_argument("--warm-start-learning-rate", type=float, default=1e-3)
     parser.add_argument(
-        "--warm-start-episodes", type=int, default=400, help="the scripted player's episodes (20 with --quick)"
+        "--warm-start-episodes", type=int, default=3000, help="the scripted player's episodes (20 with --quick)"
     )
     parser.add_argument(
         "--shortcut-rate",

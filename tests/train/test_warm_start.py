@@ -89,3 +89,56 @@ def test_load_pairs_takes_prompts_with_tools_and_names_a_bad_record(tmp_path) ->
     bad.write_text(json.dumps(records[0]) + "\n" + json.dumps({"prompt": {"message": user}, "response": "5"}) + "\n")
     with pytest.raises(ConfigError, match=r"bad\.jsonl, record 2: .*unknown keys \['message'\]"):
         load_pairs(str(bad))
+
+
+def _conversation_pairs(codec) -> list[tuple[object, str]]:
+    """A two-turn tool conversation's warm-start pairs (each prompt continues the one before), then an
+    unrelated one-turn pair."""
+    user = [{"role": "user", "content": "What is 2 + 3?"}]
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    follow = [
+        *user,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+    ]
+    return [
+        ({"messages": user, "tools": [ADD_TOOL]}, call),
+        ({"messages": follow, "tools": [ADD_TOOL]}, "It is 5."),
+        ("Say hi.", "Hi."),
+    ]
+
+
+def test_merge_turns_trains_a_conversation_as_one_example_with_every_response(tiny_tokenizer) -> None:
+    from agl_bridge.chat import ChatCodec
+    from agl_bridge.train.warm_start import merged_conversations, sft_tokens
+
+    codec = ChatCodec(tiny_tokenizer)
+    pairs = _conversation_pairs(codec)
+    separate = [sft_tokens(codec, prompt, response) for prompt, response in pairs]
+    merged = merged_conversations(codec, pairs)
+    assert len(merged) == 2  # the two turns of the conversation, then the unrelated pair
+    (tokens, weights), last = merged
+    assert last == separate[2]
+    # The merged example is the second turn's whole sequence, with the first response trained in it too.
+    assert tokens == separate[1][0]
+    trained = tiny_tokenizer.decode([t for t, w in zip(tokens, weights, strict=True) if w])
+    assert trained == pairs[0][1] + "<|im_end|>" + "It is 5.<|im_end|>"
+    # Only the responses are trained: the tool result and the template's tokens between them are not.
+    assert sum(weights) == sum(separate[0][1]) + sum(separate[1][1])
+
+
+def test_merge_turns_keeps_turns_apart_when_a_prompt_does_not_continue_the_last(tiny_tokenizer) -> None:
+    from agl_bridge.chat import ChatCodec
+    from agl_bridge.train.warm_start import merged_conversations
+
+    codec = ChatCodec(tiny_tokenizer)
+    first, second, _ = _conversation_pairs(codec)
+    # The second turn with another first reply in its history: its prompt no longer extends the first turn.
+    other = {**second[0], "messages": [*second[0]["messages"][:1], {"role": "assistant", "content": "Let me see."}]}
+    assert len(merged_conversations(codec, [first, (other, "It is 5.")])) == 2
