@@ -88,16 +88,14 @@ def merged_conversations(codec: ChatCodec, pairs: Sequence[tuple[Any, str]]) -> 
     prompt continues the tokens before it (`convert.merge.prompt_extends`), the prompts' new tokens at weight
     0 and every response at weight 1."""
     examples: list[tuple[list[int], list[int]]] = []
-    conversation = array("i")
     for prompt, response in pairs:
         tokens, weights = sft_tokens(codec, prompt, response)
-        prompt_ids = array("i", tokens[: weights.index(1)])
-        if examples and prompt_extends(prompt_ids, conversation):
-            examples[-1][1].extend(weights[len(conversation) :])
-            examples[-1][0][:] = tokens
-        else:
-            examples.append((tokens, weights))
-        conversation = array("i", tokens)
+        if examples:
+            so_far, trained = examples[-1]
+            if prompt_extends(array("i", tokens[: weights.index(1)]), array("i", so_far)):
+                examples[-1] = (tokens, trained + weights[len(so_far) :])
+                continue
+        examples.append((tokens, weights))
     return examples
 
 
