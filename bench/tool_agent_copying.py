@@ -7,12 +7,12 @@ same `agl_bridge.train.warm_start.warm_start`.
 Before it and at every fifth of it, on the 40 held-out tasks (held-out (quantity, price) pairs, never
 trained on), it prints:
 
-- teacher-forced copy accuracy: on each task's careful episode (look up, multiply, answer), whether the
+- teacher-forced copy accuracy: on each task's careful episode (look up, order total, answer), whether the
   greedy tokens at the positions of each copied value are all right — the item in `lookup_price`, the
-  quantity and the price in `multiply`, the total in the answer — and whether every other token of the
-  three replies is ("format"; it includes the careful choices, look up and then multiply, which the careless
+  quantity and the price in `order_total`, the total in the answer — and whether every other token of the
+  three replies is ("format"; it includes the careful choices, look up and then order_total, which the careless
   teacher takes only half the time, so a greedy model may as well choose otherwise). Always writing the
-  same value scores at most 9 (item), 10 (quantity), 6 (price) and 6 (answer) of the 40;
+  same value scores at most 9 (item), 10 (quantity), 6 (price) and 3 (answer) of the 40;
 - greedy episodes: the real LangGraph agent played with the model answering greedily (the reply decoded
   and its tool calls parsed as the proxy does): success, episodes that called both tools, the endings.
 
@@ -115,7 +115,7 @@ def greedy_episodes(model: Any, codec: Any, tasks: Sequence[dict[str, Any]]) -> 
     from shop.teacher import play_with
 
     outcomes = [play_with(GreedyModel(model, codec), task)[0] for task in tasks]
-    both = sum({"lookup_price", "multiply"} <= set(o.tool_calls) for o in outcomes)
+    both = sum({"lookup_price", "order_total"} <= set(o.tool_calls) for o in outcomes)
     return (
         sum(o.reward for o in outcomes) / len(tasks),
         both / len(tasks),

@@ -112,6 +112,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--full-weights", action=argparse.BooleanOptionalAction, default=True, help="train every weight, not a LoRA"
     )
     parser.add_argument(
+        "--teacher-tries",
+        type=int,
+        default=1,
+        help="times the scripted player replays a list it lost before giving up on it (more: later list positions won)",
+    )
+    parser.add_argument(
         "--teacher-uses-answers",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -148,6 +154,7 @@ def main(argv: list[str] | None = None):
         args.question_rate,
         MAX_TURNS,
         uses_answers=args.teacher_uses_answers,
+        tries=args.teacher_tries,
     )
     print(f"warm-start data: {len(won)} scripted games, {sum(won)} won: their {len(pairs)} turns")
     trainer = GRPOTrainer(

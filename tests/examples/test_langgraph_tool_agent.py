@@ -12,7 +12,7 @@ import pytest
 from langgraph_tool_agent_helpers import Script, answer, call
 from shop.agent import MAX_TURNS, SYSTEM_PROMPT
 from shop.outcome import REASONS, stated_total, well_formed
-from shop.tasks import ITEMS, PRICES, QUANTITIES, held_out_tasks, pair_split, phase_tasks, total, user_message
+from shop.tasks import FEES, ITEMS, PRICES, QUANTITIES, held_out_tasks, pair_split, phase_tasks, total, user_message
 from shop.teacher import CarelessTeacher, play_with, reply_text, teacher_episode, warm_start_episodes
 from shop.tools import shop_tools, tool_schemas, tool_signatures
 
@@ -45,25 +45,27 @@ def test_the_pairs_are_split_once_and_held_out_tasks_use_only_held_out_pairs() -
         phase_tasks("rl", 1, seed=10_000)
 
 
-def test_every_task_has_its_own_price_table_and_asks_for_its_total() -> None:
+def test_every_task_has_its_own_price_table_and_fee_and_asks_for_its_total() -> None:
     tasks = phase_tasks("rl", 200)
     for task in tasks:
         assert task["item"] in ITEMS and set(task["prices"]) == set(ITEMS)
-        assert all(price in PRICES for price in task["prices"].values())
-        assert total(task) == task["quantity"] * task["prices"][task["item"]]
+        assert all(price in PRICES for price in task["prices"].values()) and task["fee"] in FEES
+        assert total(task) == task["quantity"] * task["prices"][task["item"]] + task["fee"]
         ticket = f'{{"item": "{task["item"]}", "quantity": {task["quantity"]}}}'
+        # the fee is not in the question: only order_total knows it
         assert user_message(task) == f"Order: {ticket}. What does it cost?"
     assert len({tuple(sorted(t["prices"].items())) for t in tasks}) > 150, "prices cannot be memorised"
+    assert set(FEES) == {t["fee"] for t in tasks}
 
 
 def test_the_tools_are_described_to_the_model_by_langchain() -> None:
     assert tool_signatures() == {
         "lookup_price": {"item": "string"},
-        "multiply": {"quantity": "integer", "price": "integer"},
+        "order_total": {"quantity": "integer", "price": "integer"},
     }
-    assert [s["function"]["name"] for s in tool_schemas()] == ["lookup_price", "multiply"]
-    lookup_price, multiply = shop_tools({"pear": 7})
-    assert lookup_price("pear") == '{"price": 7}' and multiply(4, 7) == "The total is 28."
+    assert [s["function"]["name"] for s in tool_schemas()] == ["lookup_price", "order_total"]
+    lookup_price, order_total = shop_tools({"pear": 7}, fee=3)
+    assert lookup_price("pear") == '{"price": 7}' and order_total(4, 7) == "The total is 31."
 
 
 def test_every_value_the_agent_writes_is_copied_from_its_context_after_the_same_tokens(tiny_tokenizer) -> None:
@@ -90,15 +92,16 @@ def test_every_value_the_agent_writes_is_copied_from_its_context_after_the_same_
                 assert followers and all(f == value_ids for f in followers), (task["id"], value, followers)
 
 
-def test_a_careful_teacher_looks_up_multiplies_and_answers_as_the_template_writes_it(tiny_tokenizer) -> None:
+def test_a_careful_teacher_looks_up_asks_the_total_and_answers_as_the_template_writes_it(tiny_tokenizer) -> None:
     task = phase_tasks("warm_start", 1)[0]
     price, quantity = task["prices"][task["item"]], task["quantity"]
     pairs, outcome = teacher_episode(task, random.Random(0), 0.0, ChatCodec(tiny_tokenizer))
     assert outcome.reward == 1.0 and outcome.reason == "correct"
     assert [response for _, response in pairs] == [
         f'<tool_call>\n{{"name": "lookup_price", "arguments": {{"item": "{task["item"]}"}}}}\n</tool_call>',
-        f'<tool_call>\n{{"name": "multiply", "arguments": {{"quantity": {quantity}, "price": {price}}}}}\n</tool_call>',
-        f"The total is {quantity * price}.",
+        '<tool_call>\n{"name": "order_total", "arguments": '
+        f'{{"quantity": {quantity}, "price": {price}}}}}\n</tool_call>',
+        f"The total is {total(task)}.",
     ]
     prompts = [prompt for prompt, _ in pairs]
     assert prompts[0]["messages"] == [
@@ -110,7 +113,7 @@ def test_a_careful_teacher_looks_up_multiplies_and_answers_as_the_template_write
         assert later["messages"][: len(earlier["messages"])] == earlier["messages"]
         assert [m["role"] for m in later["messages"][len(earlier["messages"]) :]] == ["assistant", "tool"]
     assert prompts[1]["messages"][-1]["content"] == f'{{"price": {price}}}'
-    assert prompts[2]["messages"][-1]["content"] == f"The total is {quantity * price}."
+    assert prompts[2]["messages"][-1]["content"] == f"The total is {total(task)}."
 
 
 def test_the_proxy_reads_a_teachers_reply_back_as_the_call_the_agent_sent(tiny_tokenizer) -> None:
@@ -132,9 +135,10 @@ def test_a_careless_teacher_cuts_corners_and_every_turn_is_kept(tiny_tokenizer) 
     pairs, outcomes = warm_start_episodes(tasks, 0, 0.5, tiny_tokenizer)
     reasons = Counter(o.reason for o in outcomes)
     assert set(reasons) == {"correct", "wrong total"}
-    assert 0.2 < reasons["correct"] / len(outcomes) < 0.5, reasons
+    # careful at both decisions a quarter of the time; a guessed total is rarely right
+    assert 0.15 < reasons["correct"] / len(outcomes) < 0.4, reasons
     used = Counter(tuple(o.tool_calls) for o in outcomes)
-    assert used[("lookup_price", "multiply")] and used[()] and used[("multiply",)] and used[("lookup_price",)]
+    assert used[("lookup_price", "order_total")] and used[()] and used[("order_total",)] and used[("lookup_price",)]
     assert len(pairs) == sum(len(o.tool_calls) + 1 for o in outcomes), "every model call of every episode"
     reckless, _ = warm_start_episodes(tasks[:50], 0, 1.0, tiny_tokenizer)
     assert not any("lookup_price" in response for _, response in reckless)
@@ -149,24 +153,24 @@ def test_a_careless_teacher_cuts_corners_and_every_turn_is_kept(tiny_tokenizer) 
         ("The total is 28.", True),
         ("", True),
         ('<tool_call>\n{"name": "lookup_price", "arguments": {"item": "pear"}}\n</tool_call>', True),
-        ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4, "price": 7}}\n</tool_call>', True),
-        ('Sure.\n<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4, "price": 7}}\n</tool_call>', True),
+        ('<tool_call>\n{"name": "order_total", "arguments": {"quantity": 4, "price": 7}}\n</tool_call>', True),
+        ('Sure.\n<tool_call>\n{"name": "order_total", "arguments": {"quantity": 4, "price": 7}}\n</tool_call>', True),
         (
             '<tool_call>\n{"name": "lookup_price", "arguments": {"item": "pear"}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4, "price": 7}}\n</tool_call>',
+            '<tool_call>\n{"name": "order_total", "arguments": {"quantity": 4, "price": 7}}\n</tool_call>',
             True,
         ),
         # bad JSON
-        ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4, "price": 7}\n</tool_call>', False),
-        ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4, "price": 7}}', False),  # unterminated
+        ('<tool_call>\n{"name": "order_total", "arguments": {"quantity": 4, "price": 7}\n</tool_call>', False),
+        ('<tool_call>\n{"name": "order_total", "arguments": {"quantity": 4, "price": 7}}', False),  # unterminated
         # an unknown tool
         ('<tool_call>\n{"name": "divide", "arguments": {"quantity": 4, "price": 7}}\n</tool_call>', False),
-        ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4}}\n</tool_call>', False),  # missing argument
-        ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4, "price": 7, "c": 1}}\n</tool_call>', False),
+        ('<tool_call>\n{"name": "order_total", "arguments": {"quantity": 4}}\n</tool_call>', False),  # missing argument
+        ('<tool_call>\n{"name": "order_total", "arguments": {"quantity": 4, "price": 7, "c": 1}}\n</tool_call>', False),
         # a string
-        ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": "4", "price": 7}}\n</tool_call>', False),
+        ('<tool_call>\n{"name": "order_total", "arguments": {"quantity": "4", "price": 7}}\n</tool_call>', False),
         # a bool
-        ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": true, "price": 7}}\n</tool_call>', False),
+        ('<tool_call>\n{"name": "order_total", "arguments": {"quantity": true, "price": 7}}\n</tool_call>', False),
         ('<tool_call>\n{"name": "lookup_price", "arguments": {"item": 3}}\n</tool_call>', False),
         ('<tool_call>\n{"name": "lookup_price", "arguments": "pear"}\n</tool_call>', False),
         ("</tool_call> 28", False),
@@ -192,7 +196,7 @@ def full_episode(task: dict, final: str) -> Script:
     return Script(
         [
             call("lookup_price", item=task["item"]),
-            call("multiply", quantity=task["quantity"], price=price),
+            call("order_total", quantity=task["quantity"], price=price),
             answer(final),
         ]
     )
@@ -209,7 +213,7 @@ def test_an_episode_is_rewarded_for_the_right_total_only() -> None:
     ):
         outcome, _, requests = play_with(full_episode(task, final), task)
         assert (outcome.reward, outcome.reason) == (reward, reason), outcome
-        assert outcome.tool_calls == ("lookup_price", "multiply") and len(requests) == 3
+        assert outcome.tool_calls == ("lookup_price", "order_total") and len(requests) == 3
     outcome, _, requests = play_with(Script([answer(str(right))]), task)
     assert (outcome.reward, outcome.reason, outcome.tool_calls, len(requests)) == (1.0, "correct", (), 1)
 
@@ -236,7 +240,7 @@ def test_a_tool_call_that_does_not_parse_ends_the_episode_with_its_reason() -> N
     [
         (call("lookup_price", item="kiwi"), "Error: no item 'kiwi' in the shop"),
         (call("divide", a=1, b=2), "Error: divide is not a valid tool"),
-        (call("multiply", quantity="four", price=7), "Error invoking tool 'multiply'"),
+        (call("order_total", quantity="four", price=7), "Error invoking tool 'order_total'"),
     ],
 )
 def test_a_failing_tool_call_is_told_to_the_model_and_the_episode_goes_on(bad_call: dict, told: str) -> None:

@@ -107,3 +107,18 @@ def test_a_player_that_ignores_its_answers_guesses_through_the_list_in_order_and
             numbers_per_game[-1].append(int(match.group(1)))
     assert len(numbers_per_game) == sum(won)
     assert all(numbers == list(range(1, len(numbers) + 1)) for numbers in numbers_per_game)
+
+
+def test_replaying_lost_lists_wins_the_late_list_positions_too() -> None:
+    tasks = phase_tasks("warm_start", 1)
+    once, won_once = warm_start_games(tasks, seed=0, question_rate=0.5, max_turns=MAX_TURNS, uses_answers=False)
+    replayed, won = warm_start_games(
+        tasks, seed=0, question_rate=0.5, max_turns=MAX_TURNS, uses_answers=False, tries=1000
+    )
+    assert len(won) == len(tasks) and all(won) and sum(won_once) < len(tasks)
+    late = [reply for _, reply in replayed if reply in ("Is it number 7?", "Is it number 8?")]
+    assert len(late) > sum(reply in ("Is it number 7?", "Is it number 8?") for _, reply in once)
+    secrets_at_8 = [t for t in tasks if t["candidates"].index(t["secret"]) == CANDIDATES - 1]
+    assert secrets_at_8 and "Is it number 8?" in {reply for _, reply in replayed}
+    with pytest.raises(ValueError, match="tries"):
+        warm_start_games(tasks, seed=0, question_rate=0.5, max_turns=MAX_TURNS, tries=0)

@@ -167,12 +167,18 @@ def warm_start_games(
     max_turns: int,
     table: EntityTable | None = None,
     uses_answers: bool = True,
+    tries: int = 1,
 ) -> tuple[list[tuple[list[dict[str, Any]], str]], list[bool]]:
     """The scripted player's games on `tasks`: ((prompt messages, reply) of every turn of the games it won,
-    whether each game was won).
+    whether each task's game was won).
 
     table: the entities the answerer and the player know (default: the bundled table); uses_answers: see
-    `ScriptedPlayer`."""
+    `ScriptedPlayer`; tries: how many times a task is played until the player wins it (its questions drawn
+    afresh each time). A player that ignores the answers wins a game whose secret is listed late only when it
+    asks little, so with one try the won games rarely guess beyond number 5; with enough tries every list
+    position is won about equally often."""
+    if tries < 1:
+        raise ValueError(f"tries must be at least 1, got {tries}")
     from twenty_q.answerer import DeterministicAnswerer
 
     rng = random.Random(seed)
@@ -183,8 +189,11 @@ def warm_start_games(
     pairs: list[tuple[list[dict[str, Any]], str]] = []
     won: list[bool] = []
     for task in tasks:
-        player = ScriptedPlayer(task["candidates"], rng, question_rate, max_turns, table, questions, uses_answers)
-        turns, guessed = scripted_game(task, player, system, max_turns, answerer)
+        for _ in range(tries):
+            player = ScriptedPlayer(task["candidates"], rng, question_rate, max_turns, table, questions, uses_answers)
+            turns, guessed = scripted_game(task, player, system, max_turns, answerer)
+            if guessed:
+                break
         if guessed:
             pairs += turns
         won.append(guessed)

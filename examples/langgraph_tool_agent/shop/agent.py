@@ -1,7 +1,8 @@
 """The shop agent: LangChain's `create_agent` (a LangGraph ReAct loop) with two tools, written the ordinary way.
 
 An episode: the user sends an order ticket (an item and a quantity) and asks what it costs; the model looks
-the price up, multiplies, and answers with the calculator's sentence ("The total is 28."). The only
+the price up, asks the till for the order's total (`order_total`, which adds a delivery fee only it knows),
+and answers with the till's sentence ("The total is 31."). The only
 agl_bridge-specific lines are where the model is (`endpoint.base_url` and the rollout's key) and the reward
 at the end (`emit_reward`); the outcome's reason goes into the rollout as a span (`telemetry.py`). `play` is
 the episode without either, for any OpenAI-compatible model.
@@ -29,19 +30,19 @@ from shop.outcome import Outcome, outcome_of
 from shop.tasks import user_message
 from shop.tools import shop_tools
 
-SYSTEM_PROMPT = "You work at a shop's till. Look up the price, use the calculator, then tell the customer the total."
+SYSTEM_PROMPT = "You work at a shop's till. Look up the price, get the order total, then tell the customer the total."
 
 MAX_TURNS = 5
-"""Model calls an episode may make; a full episode makes 3 (look up, multiply, answer)."""
+"""Model calls an episode may make; a full episode makes 3 (look up, order total, answer)."""
 
 # LangGraph counts a step per node run: a model call, or the tool node running its calls. Model call k is step
 # 2k - 1, so at this limit the MAX_TURNS-th call may still answer; if it calls a tool instead, the tool runs
 # (step 2 * MAX_TURNS) and the graph raises GraphRecursionError before another model call (measured).
 RECURSION_LIMIT = 2 * MAX_TURNS
 
-# The longest reply the task needs is a multiply call: 31 tokens of the tiny model's tokenizer
-# ('<tool_call>\n{"name": "multiply", "arguments": {"quantity": 4, "price": 7}}\n</tool_call>') and the end of
-# the turn; a lookup is 24 + 1, an answer ("The total is 28.") 8-9. 36 leaves a little room and cuts the random
+# The longest reply the task needs is an order_total call: 33 tokens of the tiny model's tokenizer
+# ('<tool_call>\n{"name": "order_total", "arguments": {"quantity": 4, "price": 7}}\n</tool_call>') and the end of
+# the turn; a lookup is 24 + 1, an answer ("The total is 31.") 8-9. 36 leaves a little room and cuts the random
 # model's rambling short.
 REPLY_MAX_TOKENS = 36
 
@@ -71,7 +72,7 @@ def build_agent(model: Any, task: dict[str, Any]) -> Any:
     """The LangGraph agent of one episode: the model, the task's tools, the system prompt."""
     return create_agent(
         model,
-        tools=shop_tools(task["prices"]),
+        tools=shop_tools(task["prices"], task["fee"]),
         system_prompt=SYSTEM_PROMPT,
         middleware=[ToolErrorMiddleware(tool_error_message)],
     )

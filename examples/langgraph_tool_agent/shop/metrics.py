@@ -49,7 +49,7 @@ def summarise(episodes: list[_Episode]) -> HeldOutRun:
         success_rate=sum(e.won for e in episodes) / len(episodes),
         well_formed_rate=sum(e.well_formed_turns for e in episodes) / turns if turns else 0.0,
         turns_mean=turns / len(episodes),
-        both_tools_rate=sum(e.tools >= {"lookup_price", "multiply"} for e in episodes) / len(episodes),
+        both_tools_rate=sum(e.tools >= {"lookup_price", "order_total"} for e in episodes) / len(episodes),
         reasons=dict(Counter(e.reason for e in episodes)),
     )
 

@@ -1,8 +1,11 @@
-"""The shop tasks: an item, a quantity and a price table of the episode's own; and which tasks each phase uses.
+"""The shop tasks: an item, a quantity, a price table and a delivery fee of the episode's own; and which tasks
+each phase uses.
 
 A task asks for the cost of an order, `quantity` units of `item`, written as a ticket whose field names are
-the tools' argument names (`user_message`); every item's price (1-9) is drawn from the task's seed, so no
-price can be memorised: the agent has to look it up and multiply. The 72 (quantity, price)
+the tools' argument names (`user_message`); every item's price (1-9) and the delivery fee (1-9) are drawn from
+the task's seed. The fee is known only to the `order_total` tool, so the total (quantity × price + fee) cannot
+be worked out from the ticket and the price, nor memorised: the agent has to look the price up, ask
+`order_total`, and copy its answer. The 72 (quantity, price)
 pairs (quantity 2-9, price 1-9) are split once, whatever the run's seed:
   - held-out: `HELD_OUT_PAIRS` pairs, the only pairs of the held-out tasks, never in the warm start or RL,
     so a held-out total can only be right if it was read off the tools' outputs;
@@ -21,6 +24,7 @@ from typing import Any
 ITEMS = ("apple", "pear", "tea", "rice", "egg", "bean", "fig", "nut")
 QUANTITIES = tuple(range(2, 10))
 PRICES = tuple(range(1, 10))
+FEES = tuple(range(1, 10))
 HELD_OUT_PAIRS = 20
 SPLIT_SEED = 31
 HELD_OUT_TASKS_PER_PAIR = 2
@@ -41,14 +45,15 @@ def pair_split() -> tuple[list[Pair], list[Pair]]:
 
 
 def make_task(seed: int, pairs: Sequence[Pair]) -> dict[str, Any]:
-    """The task of one seed: a (quantity, price) pair drawn from `pairs`, an item, and every item's price drawn
-    from the seed, the item's own set to the pair's price."""
+    """The task of one seed: a (quantity, price) pair drawn from `pairs`, an item, every item's price drawn from
+    the seed (the item's own set to the pair's price), and the delivery fee."""
     rng = random.Random(seed)
     quantity, price = rng.choice(pairs)
     item = rng.choice(ITEMS)
     prices = {name: rng.choice(PRICES) for name in ITEMS}
     prices[item] = price
-    return {"id": f"shop-{seed}", "seed": seed, "item": item, "quantity": quantity, "prices": prices}
+    fee = rng.choice(FEES)
+    return {"id": f"shop-{seed}", "seed": seed, "item": item, "quantity": quantity, "prices": prices, "fee": fee}
 
 
 def phase_tasks(phase: str, count: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -73,8 +78,8 @@ def held_out_tasks() -> list[dict[str, Any]]:
 
 
 def total(task: dict[str, Any]) -> int:
-    """What the task's items cost: quantity × the item's price."""
-    return int(task["quantity"]) * int(task["prices"][task["item"]])
+    """What the order costs: quantity × the item's price + the delivery fee."""
+    return int(task["quantity"]) * int(task["prices"][task["item"]]) + int(task["fee"])
 
 
 def order_ticket(task: dict[str, Any]) -> str:
@@ -87,7 +92,7 @@ def user_message(task: dict[str, Any]) -> str:
     """The question the agent is asked: the order's ticket, and what it costs.
 
     Every value the agent writes is then found earlier in its context after the same tokens: `"item": "pear"`
-    and `"quantity": 4` in the ticket, `"price": 7` in `lookup_price`'s result, "The total is 28." in
-    `multiply`'s; a small transformer copies such a value by induction (the tokens before it seen before,
+    and `"quantity": 4` in the ticket, `"price": 7` in `lookup_price`'s result, "The total is 31." in
+    `order_total`'s; a small transformer copies such a value by induction (the tokens before it seen before,
     followed by it)."""
     return f"Order: {order_ticket(task)}. What does it cost?"

@@ -1,10 +1,10 @@
 """The careless scripted player whose episodes are the warm-start data, played through the real agent.
 
-`CarelessTeacher` knows the task. At each decision it takes the careful step (look the price up; multiply by
-the price it read) unless, with probability `shortcut_rate`, it cuts a corner: it guesses a price and
-answers a total at once, calls `multiply` with the guessed price, or skips the multiplication and answers
-a guessed total. After `multiply` it answers with the calculator's sentence ("The total is 28."); a guessed
-total is said the same way. Its episodes are right when it was
+`CarelessTeacher` knows the task but not the delivery fee. At each decision it takes the careful step (look
+the price up; ask `order_total` with the price it read) unless, with probability `shortcut_rate`, it cuts a
+corner: it answers a guessed total at once, calls `order_total` with a guessed price, or skips `order_total`
+and answers a guessed total. After `order_total` it answers with the till's sentence ("The total is 31."); a
+guessed total (quantity × a guessed price + a guessed fee) is said the same way. Its episodes are right when it was
 careful, and now and then by luck: the logs of a careless agent.
 
 Its episodes are played by the unchanged agent (`shop.agent.play`): its `ChatOpenAI` talks to the teacher
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import httpx
 
 from shop.outcome import Outcome
-from shop.tasks import PRICES
+from shop.tasks import FEES, PRICES
 from shop.tools import total_sentence
 
 WarmStartPair = tuple[dict[str, Any], str]
@@ -51,23 +51,23 @@ class CarelessTeacher:
             c["function"]["name"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []
         ]
         last = messages[-1]
-        if last["role"] == "tool" and called and called[-1] == "multiply":
+        if last["role"] == "tool" and called and called[-1] == "order_total":
             return self._answer(str(last["content"]))
         if last["role"] == "tool" and called and called[-1] == "lookup_price":
             if self._careful():
-                return self._call("multiply", quantity=quantity, price=json.loads(last["content"])["price"])
-            return self._answer(total_sentence(quantity * self._guess()))
+                return self._call("order_total", quantity=quantity, price=json.loads(last["content"])["price"])
+            return self._answer(total_sentence(quantity * self._guess(PRICES) + self._guess(FEES)))
         if self._careful():
             return self._call("lookup_price", item=self.task["item"])
         if self.rng.random() < 0.5:
-            return self._answer(total_sentence(quantity * self._guess()))
-        return self._call("multiply", quantity=quantity, price=self._guess())
+            return self._answer(total_sentence(quantity * self._guess(PRICES) + self._guess(FEES)))
+        return self._call("order_total", quantity=quantity, price=self._guess(PRICES))
 
     def _careful(self) -> bool:
         return self.rng.random() >= self.shortcut_rate
 
-    def _guess(self) -> int:
-        return self.rng.choice(PRICES)
+    def _guess(self, values: Sequence[int]) -> int:
+        return self.rng.choice(values)
 
     def _answer(self, text: str) -> dict[str, Any]:
         return {"role": "assistant", "content": text}

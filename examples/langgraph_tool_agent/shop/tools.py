@@ -1,4 +1,5 @@
-"""The agent's tools: `lookup_price(item)` in the episode's price table, and `multiply(quantity, price)`.
+"""The agent's tools: `lookup_price(item)` in the episode's price table, and `order_total(quantity, price)`, the
+till's total with the episode's delivery fee (which only this tool knows).
 
 They are plain typed Python functions: LangChain's `create_agent` turns them into tools, their names,
 argument types and docstrings into the JSON schemas the model is shown. `tool_signatures` reads those
@@ -6,8 +7,8 @@ schemas back (LangChain's own conversion), so the well-formed rule checks a call
 model was told.
 
 Their results are written so that the agent's next value is a copy of them: `lookup_price` answers
-'{"price": 7}' (JSON, as the `price` argument of the multiply call is written), `multiply` answers
-"The total is 28.", the sentence the agent answers the customer with.
+'{"price": 7}' (JSON, as the `price` argument of the order_total call is written), `order_total` answers
+"The total is 31.", the sentence the agent answers the customer with.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def shop_tools(prices: Mapping[str, int]) -> list[Callable[..., str]]:
-    """The two tools of an episode whose price table is `prices`."""
+def shop_tools(prices: Mapping[str, int], fee: int) -> list[Callable[..., str]]:
+    """The two tools of an episode whose price table is `prices` and delivery fee `fee`."""
 
     def lookup_price(item: str) -> str:
         """The price of one unit of an item, as JSON."""
@@ -27,15 +28,15 @@ def shop_tools(prices: Mapping[str, int]) -> list[Callable[..., str]]:
             raise ValueError(f"no item {item!r} in the shop")
         return json.dumps({"price": prices[item]})
 
-    def multiply(quantity: int, price: int) -> str:
-        """What `quantity` units at `price` each cost, as a sentence for the customer."""
-        return total_sentence(quantity * price)
+    def order_total(quantity: int, price: int) -> str:
+        """What `quantity` units at `price` each cost with the delivery fee, as a sentence for the customer."""
+        return total_sentence(quantity * price + fee)
 
-    return [lookup_price, multiply]
+    return [lookup_price, order_total]
 
 
 def total_sentence(total: int) -> str:
-    """`multiply`'s result, and the answer the customer is given: "The total is 28." """
+    """`order_total`'s result, and the answer the customer is given: "The total is 31." """
     return f"The total is {total}."
 
 
@@ -43,7 +44,7 @@ def tool_schemas() -> list[dict[str, Any]]:
     """The tools as the OpenAI `tools` entries the agent sends (LangChain's conversion, as `bind_tools` does)."""
     from langchain_core.utils.function_calling import convert_to_openai_tool
 
-    return [convert_to_openai_tool(tool) for tool in shop_tools({})]
+    return [convert_to_openai_tool(tool) for tool in shop_tools({}, 0)]
 
 
 @functools.cache
