@@ -56,11 +56,11 @@ class CarelessTeacher:
         if last["role"] == "tool" and called and called[-1] == "lookup_price":
             if self._careful():
                 return self._call("order_total", quantity=quantity, price=json.loads(last["content"])["price"])
-            return self._answer(total_sentence(quantity * self._guess(PRICES) + self._guess(FEES)))
+            return self._answer(self._guessed_total())
         if self._careful():
             return self._call("lookup_price", item=self.task["item"])
         if self.rng.random() < 0.5:
-            return self._answer(total_sentence(quantity * self._guess(PRICES) + self._guess(FEES)))
+            return self._answer(self._guessed_total())
         return self._call("order_total", quantity=quantity, price=self._guess(PRICES))
 
     def _careful(self) -> bool:
@@ -68,6 +68,10 @@ class CarelessTeacher:
 
     def _guess(self, values: Sequence[int]) -> int:
         return self.rng.choice(values)
+
+    def _guessed_total(self) -> str:
+        """A corner cut: the total said for a guessed price and a guessed fee."""
+        return total_sentence(int(self.task["quantity"]) * self._guess(PRICES) + self._guess(FEES))
 
     def _answer(self, text: str) -> dict[str, Any]:
         return {"role": "assistant", "content": text}
