@@ -71,9 +71,13 @@ class EntityTable:
         """The entity called `name` (case-insensitive), or None."""
         return self._by_name.get(name.strip().lower())
 
+    def row(self, entity: str) -> dict[str, str]:
+        """{attribute: `yes` or `no`} for one entity (empty for an unknown one)."""
+        return self.attributes.get(entity.strip().lower(), {})
+
     def value(self, entity: str, attribute: str) -> str:
         """`yes`, `no` or `n/a` for one entity and attribute (`n/a` for anything unknown)."""
-        return self.attributes.get(entity.strip().lower(), {}).get(attribute, "n/a")
+        return self.row(entity).get(attribute, "n/a")
 
     def split(self, split: str, category: str | None = None) -> list[Entity]:
         """The entities of one split (optionally of one category), in file order."""

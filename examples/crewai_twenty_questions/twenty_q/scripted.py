@@ -59,6 +59,7 @@ class ScriptedPlayer:
     ) -> None:
         self.table = table or default_table()
         self.questions = questions if questions is not None else attribute_questions()
+        self._attributes = sorted(self.questions)
         self.candidates = list(candidates)
         self.possible = list(candidates)
         self.rng = rng
@@ -91,8 +92,9 @@ class ScriptedPlayer:
     def _best_split(self) -> str | None:
         """The attribute that splits the possible candidates most evenly into yes and no (None if none splits)."""
         best: tuple[int, str] | None = None
-        for attribute in sorted(self.questions):
-            values = [self.table.value(name, attribute) for name in self.possible]
+        rows = [self.table.row(name) for name in self.possible]
+        for attribute in self._attributes:
+            values = [row.get(attribute, "n/a") for row in rows]
             if "n/a" in values:
                 continue
             smaller = min(values.count("yes"), values.count("no"))
