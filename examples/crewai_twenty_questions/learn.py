@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warm-start-steps", type=int, default=150)
     parser.add_argument("--warm-start-learning-rate", type=float, default=2e-3)
     parser.add_argument(
-        "--question-rate", type=float, default=0.5, help="how often the scripted player asks a question"
+        "--question-rate", type=float, default=0.6, help="how often the scripted player asks a question"
     )
     parser.add_argument(
         "--full-weights", action=argparse.BooleanOptionalAction, default=True, help="train every weight, not a LoRA"
@@ -114,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--teacher-tries",
         type=int,
-        default=1,
+        default=1000,
         help="times the scripted player replays a list it lost before giving up on it (more: later list positions won)",
     )
     parser.add_argument(
