@@ -96,6 +96,26 @@ def test_a_player_that_never_asks_uses_up_twenty_turns() -> None:
     assert not state.guessed and state.turn == 20 and all(t.wasted for t in state.history)
 
 
+def test_games_leave_no_crewai_token_counters_on_litellms_input_callbacks() -> None:
+    """CrewAI 1.6.1 hands LiteLLM a new token counter with every call, and LiteLLM 1.106.2 keeps each one
+    in `input_callback` and walks them all on every later call: a run's calls slowed as it went on."""
+    import litellm
+    from crewai.utilities.token_counter_callback import TokenCalcHandler
+
+    def counters() -> int:
+        return sum(isinstance(callback, TokenCalcHandler) for callback in litellm.input_callback)
+
+    others = [callback for callback in litellm.input_callback if not isinstance(callback, TokenCalcHandler)]
+    with ScriptedOpenAIServer(["Is it a bird?", "Is it a penguin?"]) as server:
+        for _ in range(3):
+            state = play_game(
+                {"secret": "penguin", "category": "animals"}, PlainEndpoint(server.base_url), settings=NO_SEARCH
+            )
+            assert state.guessed and counters() == 0
+    assert len(server.requests) >= 3, "every game's player called through LiteLLM"
+    assert [c for c in litellm.input_callback if not isinstance(c, TokenCalcHandler)] == others
+
+
 def test_a_failing_player_server_wastes_turns_but_the_game_ends() -> None:
     settings = PlayerSettings(use_search=False, max_turns=3)
     with ScriptedOpenAIServer(["Is it a penguin?"], status=400) as server:

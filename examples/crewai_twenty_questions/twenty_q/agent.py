@@ -18,6 +18,7 @@ from agl_bridge import emit_reward
 from twenty_q.answerer_llm import AnswererConfig, make_answerer_llm
 from twenty_q.data import default_table
 from twenty_q.flow import TwentyQuestionsFlow
+from twenty_q.litellm_callbacks import forget_crewai_token_counters
 from twenty_q.state import MAX_TURNS, GameState
 from twenty_q.tracing import enable_crewai_tracing
 
@@ -99,9 +100,12 @@ def play_game(
         make_answerer_llm(answerer or AnswererConfig.from_env(), endpoint),
         use_search=settings.use_search,
     )
-    flow.kickoff(
-        inputs={"secret": secret, "category": category, "candidates": candidates, "max_turns": settings.max_turns}
-    )
+    try:
+        flow.kickoff(
+            inputs={"secret": secret, "category": category, "candidates": candidates, "max_turns": settings.max_turns}
+        )
+    finally:
+        forget_crewai_token_counters()
     return flow.state
 
 
