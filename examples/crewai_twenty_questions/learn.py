@@ -148,8 +148,9 @@ def main(argv: list[str] | None = None):
 
     from agl_bridge.train.grpo import GRPOTrainer
 
+    # --quick trains 4 warm-start steps: a list per secret is plenty, and the full 384 take ~40 s to win
     pairs, won = warm_start_games(
-        phase_tasks("warm_start", 4, args.seed),
+        phase_tasks("warm_start", 1 if args.quick else 4, args.seed),
         args.seed,
         args.question_rate,
         MAX_TURNS,

@@ -29,7 +29,8 @@ CATEGORIES = (
     "stationery",
 )
 SPLITS = ("train", "test")
-VALUES = ("yes", "no", "n/a")
+UNKNOWN = "n/a"
+VALUES = ("yes", "no", UNKNOWN)
 
 
 class DataError(ValueError):
@@ -72,12 +73,13 @@ class EntityTable:
         return self._by_name.get(name.strip().lower())
 
     def row(self, entity: str) -> dict[str, str]:
-        """{attribute: `yes` or `no`} for one entity (empty for an unknown one)."""
+        """{attribute: `yes`, `no` or `n/a`} for one entity (empty for an unknown one; a missing attribute
+        means `UNKNOWN`)."""
         return self.attributes.get(entity.strip().lower(), {})
 
     def value(self, entity: str, attribute: str) -> str:
         """`yes`, `no` or `n/a` for one entity and attribute (`n/a` for anything unknown)."""
-        return self.row(entity).get(attribute, "n/a")
+        return self.row(entity).get(attribute, UNKNOWN)
 
     def split(self, split: str, category: str | None = None) -> list[Entity]:
         """The entities of one split (optionally of one category), in file order."""

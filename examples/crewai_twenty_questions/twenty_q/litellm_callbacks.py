@@ -11,13 +11,9 @@ its success hook only; its input hook is LiteLLM's no-op, so taking it off this 
 from __future__ import annotations
 
 
-def forget_crewai_token_counters() -> int:
-    """Take CrewAI's token counters off `litellm.input_callback`, keeping every other callback; how many
-    were taken off."""
+def forget_crewai_token_counters() -> None:
+    """Take CrewAI's token counters off `litellm.input_callback`, keeping every other callback."""
     import litellm
     from crewai.utilities.token_counter_callback import TokenCalcHandler
 
-    kept = [callback for callback in litellm.input_callback if not isinstance(callback, TokenCalcHandler)]
-    dropped = len(litellm.input_callback) - len(kept)
-    litellm.input_callback[:] = kept
-    return dropped
+    litellm.input_callback[:] = [c for c in litellm.input_callback if not isinstance(c, TokenCalcHandler)]

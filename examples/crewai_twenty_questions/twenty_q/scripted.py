@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from twenty_q.answerer_llm import LocalLLM
-from twenty_q.data import EntityTable, default_table
+from twenty_q.data import UNKNOWN, EntityTable, default_table
 
 _QUESTION_FORMS = ("Is it a {}?", "Is it {}?", "Does it have {}?")
 
@@ -94,8 +94,8 @@ class ScriptedPlayer:
         best: tuple[int, str] | None = None
         rows = [self.table.row(name) for name in self.possible]
         for attribute in self._attributes:
-            values = [row.get(attribute, "n/a") for row in rows]
-            if "n/a" in values:
+            values = [row.get(attribute, UNKNOWN) for row in rows]
+            if UNKNOWN in values:
                 continue
             smaller = min(values.count("yes"), values.count("no"))
             if smaller and (best is None or smaller > best[0]):
