@@ -533,6 +533,7 @@ class OnlineSection(Section):
 
     agent: str | list[str] = ""
     tasks: str = ""
+    shuffle_tasks: bool = True
     eval_tasks: str | None = None
     validation_tasks: str | None = None
     keep_best: bool = False

@@ -105,7 +105,7 @@ class GRPOTrainer:
         self.warm_start_pairs = (
             list(warm_start_pairs) if warm_start_pairs is not None else load_pairs(config.warm_start.data)
         )
-        self.schedule = TaskSchedule(self.tasks, config.batch_size, config.seed)
+        self.schedule = TaskSchedule(self.tasks, config.batch_size, config.seed, shuffle=config.shuffle_tasks)
 
     def run(self, *, resume: bool = False) -> RunSummary:
         """Train; with `resume`, continue from the last checkpoint in run_dir."""

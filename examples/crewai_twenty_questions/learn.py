@@ -56,12 +56,26 @@ def build_config(args: argparse.Namespace):
         final_eval_group_size=1 if quick else 2,
         checkpoint_every=1 if quick else 10,
         missing_reward="drop",
+        shuffle_tasks=not args.balanced_batches,
         seed=args.seed,
         tensorboard=False,
         warm_start=WarmStartConfig(
-            steps=4 if quick else args.warm_start_steps, batch_size=16, learning_rate=args.warm_start_learning_rate
+            steps=4 if quick else args.warm_start_steps,
+            batch_size=16,
+            learning_rate=args.warm_start_learning_rate,
+            merge_turns=args.whole_games,
         ),
     )
+
+
+def rl_tasks(seed: int, balanced_batches: bool) -> list[dict[str, object]]:
+    """The RL games: 5 lists per RL secret in position-balanced batches of 8 (taken in order), or with
+    `balanced_batches` off 4 lists per secret, which the trainer shuffles (the README's older runs)."""
+    from twenty_q.learning import phase_tasks, position_balanced
+
+    if balanced_batches:
+        return position_balanced(phase_tasks("rl", 5, seed), seed)
+    return phase_tasks("rl", 4, seed)
 
 
 @dataclass(frozen=True)
@@ -106,7 +120,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warm-start-steps", type=int, default=150)
     parser.add_argument("--warm-start-learning-rate", type=float, default=2e-3)
     parser.add_argument(
-        "--question-rate", type=float, default=0.6, help="how often the scripted player asks a question"
+        "--balanced-batches",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="every RL batch of 8 puts the secret at each list position once (--no-...: shuffled lists)",
+    )
+    parser.add_argument(
+        "--whole-games",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a warm-start example is a whole scripted game, every reply trained (--no-...: one turn)",
+    )
+    parser.add_argument(
+        "--question-rate", type=float, default=0.8, help="how often the scripted player asks a question"
     )
     parser.add_argument(
         "--full-weights", action=argparse.BooleanOptionalAction, default=True, help="train every weight, not a LoRA"
@@ -115,7 +141,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--teacher-tries",
         type=int,
         default=1000,
-        help="times the scripted player replays a list it lost before giving up on it (more: later list positions won)",
+        help="times the scripted player plays a list, its questions drawn afresh, until it wins it",
+    )
+    parser.add_argument(
+        "--teacher-wins-every-list",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="a list still lost after the tries is played once more without questions (its second half kept)",
     )
     parser.add_argument(
         "--teacher-uses-answers",
@@ -148,20 +180,21 @@ def main(argv: list[str] | None = None):
 
     from agl_bridge.train.grpo import GRPOTrainer
 
-    # --quick trains 4 warm-start steps: a list per secret is plenty, and the full 384 take ~40 s to win
+    # --quick trains 4 warm-start steps: a list per secret played once is plenty (the full 384 take ~2.5 min to win)
     pairs, won = warm_start_games(
         phase_tasks("warm_start", 1 if args.quick else 4, args.seed),
         args.seed,
         args.question_rate,
         MAX_TURNS,
         uses_answers=args.teacher_uses_answers,
-        tries=args.teacher_tries,
+        tries=1 if args.quick else args.teacher_tries,
+        then_without_questions=args.teacher_wins_every_list,
     )
     print(f"warm-start data: {len(won)} scripted games, {sum(won)} won: their {len(pairs)} turns")
     trainer = GRPOTrainer(
         build_config(args),
         agent=twenty_questions_agent,
-        tasks=phase_tasks("rl", 4, args.seed),
+        tasks=rl_tasks(args.seed, args.balanced_batches),
         eval_tasks=phase_tasks("held_out", 2)[: 4 if args.quick else None],
         warm_start_pairs=pairs,
     )

@@ -11,7 +11,7 @@ import twenty_questions_helpers  # noqa: F401  (puts the example on the import p
 from twenty_q.agent import PlayerSettings, play_game
 from twenty_q.answerer import DeterministicAnswerer
 from twenty_q.answerer_llm import AnswererConfig
-from twenty_q.learning import CANDIDATES, MAX_TURNS, learning_split, phase_tasks
+from twenty_q.learning import CANDIDATES, MAX_TURNS, learning_split, phase_tasks, position_balanced
 from twenty_q.prompts import extract_question, resolve_numbered_guess
 from twenty_q.scripted import ScriptedPlayer, crewai_system_prompt, scripted_game, warm_start_games
 from twenty_questions_helpers import PlainEndpoint, ScriptedOpenAIServer
@@ -30,6 +30,18 @@ def test_the_split_is_disjoint_and_held_out_names_never_reach_the_warm_start_or_
     for task in phase_tasks("held_out", 2):
         assert task["secret"] in names[2] and task["secret"] in task["candidates"]
         assert len(set(task["candidates"])) == CANDIDATES
+
+
+def test_rl_tasks_come_with_every_list_position_once_in_each_batch_of_eight() -> None:
+    tasks = phase_tasks("rl", 5, seed=2)
+    balanced = position_balanced(tasks, seed=2)
+    positions = [t["candidates"].index(t["secret"]) + 1 for t in balanced]
+    assert all(sorted(positions[i : i + CANDIDATES]) == list(range(1, 9)) for i in range(0, len(positions), 8))
+    # The same games, only reordered and each secret moved to another place of its own list.
+    assert sorted((t["secret"], sorted(t["candidates"])) for t in balanced) == sorted(
+        (t["secret"], sorted(t["candidates"])) for t in tasks
+    )
+    assert balanced == position_balanced(tasks, seed=2) != position_balanced(tasks, seed=3)
 
 
 def test_the_real_flow_numbers_the_candidates_and_reads_a_guess_by_number_as_the_name() -> None:
@@ -122,3 +134,24 @@ def test_replaying_lost_lists_wins_the_late_list_positions_too() -> None:
     assert secrets_at_8 and "Is it number 8?" in {reply for _, reply in replayed}
     with pytest.raises(ValueError, match="tries"):
         warm_start_games(tasks, seed=0, question_rate=0.5, max_turns=MAX_TURNS, tries=0)
+
+
+def test_a_list_lost_after_its_tries_is_won_by_a_game_without_questions_whose_second_half_is_kept() -> None:
+    tasks = phase_tasks("warm_start", 1)
+    secrets_at_8 = [t for t in tasks if t["candidates"].index(t["secret"]) == CANDIDATES - 1]
+    lost, won_with_questions = warm_start_games(
+        secrets_at_8, seed=0, question_rate=0.8, max_turns=MAX_TURNS, uses_answers=False, tries=3
+    )
+    pairs, won = warm_start_games(
+        secrets_at_8,
+        seed=0,
+        question_rate=0.8,
+        max_turns=MAX_TURNS,
+        uses_answers=False,
+        tries=3,
+        then_without_questions=True,
+    )
+    assert secrets_at_8 and not any(won_with_questions) and not lost
+    # Only the game's last four turns: a question-free first half would teach the student never to ask.
+    assert all(won) and [reply for _, reply in pairs] == [f"Is it number {n}?" for n in range(5, 9)] * len(secrets_at_8)
+    assert all(len(messages) == 2 + 2 * 4 for messages, _ in pairs[::4]), "each kept part starts at turn 5"
