@@ -31,16 +31,17 @@ def build_config(args: argparse.Namespace):
     from agl_bridge.train.config import GRPOConfig, WarmStartConfig
 
     quick = args.quick
+    steps = args.steps or (2 if quick else 40)
     return GRPOConfig(
         model=args.model,
         run_dir=args.run_dir,
-        steps=args.steps or (2 if quick else 40),
+        steps=steps,
         batch_size=2 if quick else args.batch_size,
         group_size=2 if quick else args.group_size,
         learning_rate=args.learning_rate,
         lr_schedule="cosine",
         lr_final_ratio=0.1,
-        lr_warmup_steps=0 if quick else 3,
+        lr_warmup_steps=0 if quick else min(3, steps - 1),  # shorter than the run: --steps 1 is allowed
         lora_rank=16,
         lora_alpha=32,
         # A random tiny model barely moves under a rank-16 LoRA in a CPU budget; its whole weights are small.

@@ -155,3 +155,12 @@ def test_a_list_lost_after_its_tries_is_won_by_a_game_without_questions_whose_se
     # Only the game's last four turns: a question-free first half would teach the student never to ask.
     assert all(won) and [reply for _, reply in pairs] == [f"Is it number {n}?" for n in range(5, 9)] * len(secrets_at_8)
     assert all(len(messages) == 2 + 2 * 4 for messages, _ in pairs[::4]), "each kept part starts at turn 5"
+
+
+@pytest.mark.parametrize("steps", ["1", "2", "40"])
+def test_learn_takes_runs_shorter_than_its_learning_rate_warm_up(steps: str) -> None:
+    import learn
+
+    config = learn.build_config(learn.parse_args(["--steps", steps]))
+    config.validate()
+    assert config.lr_warmup_steps < config.steps
