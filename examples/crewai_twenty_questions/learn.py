@@ -147,7 +147,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--teacher-wins-every-list",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="a list still lost after the tries is played once more without questions (its second half kept)",
     )
     parser.add_argument(
@@ -156,12 +156,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=False,
         help="the scripted player rules names out by its questions' answers (--no-...: it guesses in list order)",
     )
+    parser.add_argument(
+        "--balanced-held-out",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the held-out lists put the secret at each position equally often (--no-...: as drawn)",
+    )
+    parser.add_argument(
+        "--turn-cost",
+        type=float,
+        default=0.05,
+        help="a won game's reward is 1 less this for every turn after the first (0: 1 for any win)",
+    )
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--torch-threads", type=int, default=1, help="CPU threads for torch (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a few small steps, to check the pipeline")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    from twenty_q.learning import MAX_TURNS
+    from twenty_q.reward import check_turn_cost
+
+    try:
+        check_turn_cost(args.turn_cost, MAX_TURNS)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
 
 
 def main(argv: list[str] | None = None):
@@ -170,11 +190,12 @@ def main(argv: list[str] | None = None):
     run_dir = Path(args.run_dir)
     apply_offline_environment(storage_dir=(run_dir / "crewai").resolve())
     limit_torch_threads(args.torch_threads)
-    from twenty_q.learning import MAX_TURNS, phase_tasks
+    from twenty_q.learning import MAX_TURNS, held_out_tasks, phase_tasks
 
     os.environ["TWENTYQ_MAX_TOKENS"] = str(REPLY_MAX_TOKENS)
     os.environ["TWENTYQ_MAX_TURNS"] = str(MAX_TURNS)
     os.environ["TWENTYQ_SEARCH"] = "0"
+    os.environ["TWENTYQ_TURN_COST"] = str(args.turn_cost)
 
     from twenty_q.agent import twenty_questions_agent
     from twenty_q.scripted import warm_start_games
@@ -196,7 +217,7 @@ def main(argv: list[str] | None = None):
         build_config(args),
         agent=twenty_questions_agent,
         tasks=rl_tasks(args.seed, args.balanced_batches),
-        eval_tasks=phase_tasks("held_out", 2)[: 4 if args.quick else None],
+        eval_tasks=held_out_tasks(args.balanced_held_out)[: 4 if args.quick else None],
         warm_start_pairs=pairs,
     )
     summary = trainer.run()

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 
 import pytest
 import twenty_questions_helpers  # noqa: F401  (puts the example on the import path)
 from twenty_q.agent import PlayerSettings, play_game
 from twenty_q.answerer import DeterministicAnswerer
 from twenty_q.answerer_llm import AnswererConfig
-from twenty_q.learning import CANDIDATES, MAX_TURNS, learning_split, phase_tasks, position_balanced
+from twenty_q.learning import (
+    CANDIDATES,
+    MAX_TURNS,
+    held_out_tasks,
+    learning_split,
+    phase_tasks,
+    position_balanced,
+)
 from twenty_q.prompts import extract_question, resolve_numbered_guess
 from twenty_q.scripted import ScriptedPlayer, crewai_system_prompt, scripted_game, warm_start_games
 from twenty_questions_helpers import PlainEndpoint, ScriptedOpenAIServer
@@ -42,6 +50,15 @@ def test_rl_tasks_come_with_every_list_position_once_in_each_batch_of_eight() ->
         (t["secret"], sorted(t["candidates"])) for t in tasks
     )
     assert balanced == position_balanced(tasks, seed=2) != position_balanced(tasks, seed=3)
+
+
+def test_the_held_out_lists_put_the_secret_at_every_position_equally_often_whatever_the_seed() -> None:
+    drawn, balanced = held_out_tasks(balanced=False), held_out_tasks()
+    assert drawn == phase_tasks("held_out", 2) and balanced == held_out_tasks()
+    positions = Counter(t["candidates"].index(t["secret"]) + 1 for t in balanced)
+    assert positions == dict.fromkeys(range(1, CANDIDATES + 1), len(drawn) // CANDIDATES)
+    assert Counter(t["secret"] for t in balanced) == Counter(t["secret"] for t in drawn)
+    assert sorted(sorted(t["candidates"]) for t in balanced) == sorted(sorted(t["candidates"]) for t in drawn)
 
 
 def test_the_real_flow_numbers_the_candidates_and_reads_a_guess_by_number_as_the_name() -> None:

@@ -1,4 +1,5 @@
-"""The agent entry point: one game per rollout, `emit_reward(1.0 if guessed else 0.0)` at the end.
+"""The agent entry point: one game per rollout, `emit_reward(game_reward(...))` at the end: 1 for a found
+secret (less a cost per turn when `TWENTYQ_TURN_COST` sets one), 0 for a lost game.
 
 This is all agl_bridge needs: the player's LLM points at `endpoint.base_url`, and the reward is
 emitted when the flow ends. `play_game` is the same game without the reward, for evaluation against
@@ -19,6 +20,7 @@ from twenty_q.answerer_llm import AnswererConfig, make_answerer_llm
 from twenty_q.data import default_table
 from twenty_q.flow import TwentyQuestionsFlow
 from twenty_q.litellm_callbacks import forget_crewai_token_counters
+from twenty_q.reward import game_reward, turn_cost_from_env
 from twenty_q.state import MAX_TURNS, GameState
 from twenty_q.tracing import enable_crewai_tracing
 
@@ -110,9 +112,9 @@ def play_game(
 
 
 def twenty_questions_agent(task: Any, endpoint: Any) -> None:
-    """The rollout: trace CrewAI into the rollout, play, emit the reward (1 if guessed, else 0)."""
+    """The rollout: trace CrewAI into the rollout, play, emit the reward (`game_reward`)."""
     tracing = enable_crewai_tracing(endpoint)
     state = play_game(task, endpoint)
-    emit_reward(1.0 if state.guessed else 0.0)
+    emit_reward(game_reward(state, turn_cost_from_env()))
     if tracing is not None:
         tracing.force_flush(5_000)  # the game's spans reach the proxy before the rollout is converted

@@ -84,6 +84,17 @@ def position_balanced(tasks: Sequence[dict[str, object]], seed: int) -> list[dic
     return balanced
 
 
+def held_out_tasks(balanced: bool = True) -> list[dict[str, object]]:
+    """The held-out evaluation's lists: 2 per held-out secret (80), the same whatever the run's seed.
+
+    balanced: each list position holds the secret in 10 of them (`position_balanced`), so success is averaged
+    over where a secret can be listed. The lists as drawn (balanced False, the README's older runs) put it
+    first in 14 of 80 and seventh in 3: a player that finds early secrets and misses late ones scored high.
+    """
+    tasks = phase_tasks("held_out", 2)
+    return position_balanced(tasks, seed=0) if balanced else tasks
+
+
 _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"
 
