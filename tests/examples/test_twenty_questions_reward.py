@@ -46,6 +46,9 @@ def test_the_cost_is_read_from_the_environment_and_off_by_default(monkeypatch: p
     assert turn_cost_from_env() == 0.0
     monkeypatch.setenv("TWENTYQ_TURN_COST", "0.05")
     assert turn_cost_from_env() == 0.05
+    monkeypatch.setenv("TWENTYQ_TURN_COST", "five cents")
+    with pytest.raises(ValueError, match="TWENTYQ_TURN_COST must be a number .* got 'five cents'"):
+        turn_cost_from_env()
 
 
 def test_learn_py_refuses_a_turn_cost_out_of_range_before_it_starts(capsys: pytest.CaptureFixture[str]) -> None:

@@ -29,4 +29,10 @@ def game_reward(state: GameState, turn_cost: float = 0.0) -> float:
 
 def turn_cost_from_env() -> float:
     """TWENTYQ_TURN_COST: the reward's cost per turn (default 0: 1 for any won game)."""
-    return float(os.environ.get("TWENTYQ_TURN_COST") or 0.0)
+    text = os.environ.get("TWENTYQ_TURN_COST") or "0"
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(
+            f"TWENTYQ_TURN_COST must be a number (the reward's cost per turn, e.g. 0.05), got {text!r}"
+        ) from None
