@@ -112,6 +112,11 @@ async def held_out_evaluations(store_path: Path) -> list[HeldOutGames]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+    def switch(flag: str, default: bool, text: str) -> None:
+        """An on/off flag: `flag` and `--no-...`."""
+        parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
+
     parser.add_argument("--model", default="tiny", help="tiny (built offline) or a local model directory")
     parser.add_argument("--run-dir", default="runs/twenty_questions_learn")
     parser.add_argument("--steps", type=int, default=None, help="RL steps (default 40, 2 with --quick)")
@@ -120,47 +125,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--warm-start-steps", type=int, default=150)
     parser.add_argument("--warm-start-learning-rate", type=float, default=2e-3)
-    parser.add_argument(
+    switch(
         "--balanced-batches",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="every RL batch of 8 puts the secret at each list position once (--no-...: shuffled lists)",
+        True,
+        "every RL batch of 8 puts the secret at each list position once (--no-...: shuffled lists)",
     )
-    parser.add_argument(
-        "--whole-games",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="a warm-start example is a whole scripted game, every reply trained (--no-...: one turn)",
+    switch(
+        "--whole-games", True, "a warm-start example is a whole scripted game, every reply trained (--no-...: one turn)"
     )
     parser.add_argument(
         "--question-rate", type=float, default=0.8, help="how often the scripted player asks a question"
     )
-    parser.add_argument(
-        "--full-weights", action=argparse.BooleanOptionalAction, default=True, help="train every weight, not a LoRA"
-    )
+    switch("--full-weights", True, "train every weight, not a LoRA")
     parser.add_argument(
         "--teacher-tries",
         type=int,
         default=1000,
         help="times the scripted player plays a list, its questions drawn afresh, until it wins it",
     )
-    parser.add_argument(
+    switch(
         "--teacher-wins-every-list",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="a list still lost after the tries is played once more without questions (its second half kept)",
+        True,
+        "a list still lost after the tries is played once more without questions (its second half kept)",
     )
-    parser.add_argument(
+    switch(
         "--teacher-uses-answers",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="the scripted player rules names out by its questions' answers (--no-...: it guesses in list order)",
+        False,
+        "the scripted player rules names out by its questions' answers (--no-...: it guesses in list order)",
     )
-    parser.add_argument(
+    switch(
         "--balanced-held-out",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the held-out lists put the secret at each position equally often (--no-...: as drawn)",
+        True,
+        "the held-out lists put the secret at each position equally often (--no-...: as drawn)",
     )
     parser.add_argument(
         "--turn-cost",
